@@ -1,0 +1,132 @@
+"""The gateway's error tree. Each error knows its OpenAI-style ``type`` and ``code`` and its HTTP
+status; ``gateway.api.errors`` is the one place that turns them (and router / backend errors)
+into responses.
+
+    GatewayError
+    ├── InvalidRequest          400 invalid_request_error  (malformed JSON, bad fields, n>1, …)
+    │   └── ContextTooLong      400 context_length_exceeded
+    ├── AuthenticationFailed    401 invalid_api_key
+    ├── PermissionDenied        403 model_not_allowed / permission_denied
+    ├── ModelNotFound           404 model_not_found
+    ├── PayloadTooLarge         413 request_too_large
+    ├── RateLimited             429 rate_limit_exceeded / queue_full (with Retry-After)
+    ├── UpstreamFailed          502 upstream_error: every deployment of the plan failed
+    ├── ServiceUnavailable      503 service_unavailable: Redis or the database cannot be used
+    └── DeadlineExceeded        504 timeout: the request could not finish before its deadline
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AuthenticationFailed",
+    "ContextTooLong",
+    "DeadlineExceeded",
+    "GatewayError",
+    "InvalidRequest",
+    "ModelNotFound",
+    "PayloadTooLarge",
+    "PermissionDenied",
+    "RateLimited",
+    "ServiceUnavailable",
+    "UpstreamFailed",
+]
+
+
+class GatewayError(Exception):
+    status: int = 500
+    type: str = "server_error"
+    code: str = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    @property
+    def outcome(self) -> str:
+        """The ledger's name for this failure."""
+        return self.code
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ContextTooLong(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class UpstreamFailed(GatewayError):
+    status = 502
+    type = "api_error"
+    code = "upstream_error"
+
+    def __init__(self, message: str, *, attempts: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.attempts = attempts or []
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    type = "api_error"
+    code = "service_unavailable"
+
+
+class DeadlineExceeded(GatewayError):
+    status = 504
+    type = "api_error"
+    code = "timeout"

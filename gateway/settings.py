@@ -1,0 +1,229 @@
+"""All of tiergate's configuration, in one typed object.
+
+Sources, highest precedence first: keyword arguments, ``TIERGATE_*`` environment variables
+(``__`` separates nesting levels, e.g. ``TIERGATE_REDIS__URL``), the YAML file. Unknown keys are
+rejected at start-up so a typo fails loudly. Secrets are never written in YAML: the file names the
+environment variable that holds each key.
+"""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from router.catalog import Tier
+
+__all__ = [
+    "DatabaseSettings",
+    "DeploymentSettings",
+    "LimitsSettings",
+    "PriceSettings",
+    "PrincipalSettings",
+    "QueueSettings",
+    "RedisSettings",
+    "ReplicaSettings",
+    "RouterSettings",
+    "ServerSettings",
+    "Settings",
+    "SimulatorSettings",
+    "TenantSettings",
+    "load_settings",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 9464
+
+
+class RedisSettings(_Strict):
+    url: str | None = None
+    """``None``: start an embedded Redis (local ``redis-server`` binary)."""
+    key_prefix: str = "tg"
+    """Every key tiergate writes starts with ``{prefix}:``; tests isolate themselves with their own."""
+
+
+class DatabaseSettings(_Strict):
+    url: str = "sqlite+aiosqlite:///var/tiergate.db"
+    """SQLAlchemy async URL: ``sqlite+aiosqlite:///…`` or ``postgresql+asyncpg://…``."""
+
+
+class PriceSettings(_Strict):
+    """USD per million tokens."""
+
+    input_per_mtok: Decimal
+    output_per_mtok: Decimal
+
+
+class ReplicaSettings(_Strict):
+    url: str
+    max_num_seqs: int = Field(default=16, ge=1)
+
+
+class DeploymentSettings(_Strict):
+    model: str
+    """Model id clients may ask for, and the id sent to the backend (vLLM ``--served-model-name``)."""
+    tier: Tier
+    provider: Literal["vllm", "litellm"] = "vllm"
+    max_model_len: int = Field(default=8192, ge=1)
+    replicas: tuple[ReplicaSettings, ...] = ()
+    """vLLM replicas. For ``litellm`` deployments, one replica's URL is the ``api_base`` (optional)."""
+    litellm_model: str | None = None
+    """litellm's model string (e.g. ``openai/gpt-4o-mini``); defaults to ``model``."""
+    api_key_env: str | None = None
+    """Environment variable holding the provider's API key (never the key itself)."""
+    price: PriceSettings | None = None
+    """Explicit price; ``None`` takes litellm's cost map for external models."""
+    timeout_s: float = Field(default=120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _vllm_needs_replicas(self) -> DeploymentSettings:
+        if self.provider == "vllm" and not self.replicas:
+            raise ValueError(f"deployment {self.model!r}: a vllm deployment needs replicas")
+        return self
+
+
+class PrincipalSettings(_Strict):
+    """A key holder that is not a tenant: ``admin``, ``finance``, ``rules:<tenant>``."""
+
+    name: str
+    roles: tuple[str, ...]
+    key_env: str
+    dev_key: str | None = None
+
+
+class TenantSettings(_Strict):
+    key_env: str
+    dev_key: str | None = None
+    default_tier: Tier = Tier.SMALL
+    allowed_tiers: tuple[Tier, ...] = (Tier.SMALL, Tier.LARGE, Tier.EXTERNAL)
+    allowed_models: tuple[str, ...] | None = None
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    baseline_model: str | None = None
+    """Deployment whose prices define the ledger's baseline cost; default: first large deployment."""
+    priority: Literal["interactive", "standard", "batch"] = "standard"
+
+
+class QueueSettings(_Strict):
+    default_timeout_ms: int = Field(default=120_000, ge=100)
+    max_timeout_ms: int = Field(default=600_000, ge=100)
+    max_depth: int = Field(default=1000, ge=1)
+    """Waiting jobs per tier beyond which new requests get 429."""
+    result_ttl_s: int = Field(default=300, ge=1)
+    workers_per_process: int = Field(default=1, ge=0)
+
+
+class LimitsSettings(_Strict):
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(default=512, ge=1)
+    max_prompt_tokens: int = Field(default=200_000, ge=1)
+    max_output_tokens: int = Field(default=32_768, ge=1)
+    default_max_tokens: int = Field(default=512, ge=1)
+    """Output budget assumed for context-fit checks and reservations when the client sets none."""
+
+
+class RouterSettings(_Strict):
+    model_path: Path | None = None
+    """skops file of the complexity classifier; ``None`` uses the one shipped in ``router/models``."""
+
+
+class SimulatorSettings(_Strict):
+    """A simulator ``tiergate up`` starts (for development and the demo)."""
+
+    profile: str
+    port: int
+    host: str = "127.0.0.1"
+    time_scale: float = Field(default=1.0, ge=0.0)
+    usage_log: Path | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TIERGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerSettings = ServerSettings()
+    redis: RedisSettings = RedisSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    queue: QueueSettings = QueueSettings()
+    limits: LimitsSettings = LimitsSettings()
+    router: RouterSettings = RouterSettings()
+    deployments: tuple[DeploymentSettings, ...] = ()
+    tenants: dict[str, TenantSettings] = Field(default_factory=dict)
+    principals: tuple[PrincipalSettings, ...] = ()
+    simulators: tuple[SimulatorSettings, ...] = ()
+
+    @field_validator("deployments")
+    @classmethod
+    def _unique_models(
+        cls, deployments: tuple[DeploymentSettings, ...]
+    ) -> tuple[DeploymentSettings, ...]:
+        seen: set[str] = set()
+        for dep in deployments:
+            if dep.model in seen or dep.model in {t.value for t in Tier} or dep.model == "auto":
+                raise ValueError(f"deployment model id {dep.model!r} is duplicated or reserved")
+            seen.add(dep.model)
+        return deployments
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> Settings:
+        models = {d.model for d in self.deployments}
+        for name, tenant in self.tenants.items():
+            refs = [tenant.baseline_model, *(tenant.allowed_models or ())]
+            for ref in refs:
+                if ref is not None and ref not in models:
+                    raise ValueError(f"tenant {name!r} names unknown deployment {ref!r}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only init kwargs (the YAML file, passed by load_settings) and the environment.
+        return (env_settings, init_settings)
+
+    def deployment(self, model: str) -> DeploymentSettings | None:
+        return next((d for d in self.deployments if d.model == model), None)
+
+
+def load_settings(path: Path | str | None = None, **overrides: Any) -> Settings:
+    """Read the YAML file (if any), then let ``TIERGATE_*`` variables and ``overrides`` win."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text(encoding="utf-8")
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the top level must be a mapping")
+        data = loaded
+    data.update(overrides)
+    return Settings(**data)
+
+
+def read_secret(env_name: str) -> str | None:
+    """The one place that reads key material from the environment."""
+    value = os.environ.get(env_name)
+    return value if value else None

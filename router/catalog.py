@@ -1,0 +1,66 @@
+"""What the router decides over: tiers, deployments and tenant policies, as plain frozen data.
+
+The gateway builds these from its settings at start-up; the router never reads config itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = ["Catalog", "DeploymentSpec", "Signals", "TenantPolicy", "Tier"]
+
+
+class Tier(StrEnum):
+    SMALL = "small"
+    LARGE = "large"
+    EXTERNAL = "external"
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSpec:
+    """One model served one way. ``model`` is the id clients and backends use."""
+
+    model: str
+    tier: Tier
+    max_model_len: int
+    provider: str = "vllm"  # "vllm" (OpenAI-compatible HTTP) or "litellm"
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """Every deployment, in the order each tier tries them."""
+
+    deployments: tuple[DeploymentSpec, ...]
+
+    def get(self, model: str) -> DeploymentSpec | None:
+        for spec in self.deployments:
+            if spec.model == model:
+                return spec
+        return None
+
+    def of_tier(self, tier: Tier) -> tuple[DeploymentSpec, ...]:
+        return tuple(spec for spec in self.deployments if spec.tier is tier)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    """A tenant's routing settings (the rule language of a later version grows from these)."""
+
+    tenant: str
+    default_tier: Tier = Tier.SMALL
+    allowed_tiers: frozenset[Tier] = frozenset(Tier)
+    threshold: float = 0.5
+    """Classifier score at or above which ``model="auto"`` goes to the large tier."""
+    allowed_models: frozenset[str] | None = None
+    """Deployments the tenant may name directly; ``None`` means every deployment of an allowed tier."""
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """Live state the planner may use: a snapshot, taken before the (pure) decision."""
+
+    unavailable: frozenset[str] = frozenset()
+    """Deployments to skip (circuit open, all replicas unhealthy)."""
+    expected_wait_s: Mapping[Tier, float] = field(default_factory=dict)
