@@ -1,0 +1,104 @@
+"""What the ledger stores: one ``LedgerEntry`` per authenticated request, whatever its outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any, Protocol
+
+__all__ = ["Attempt", "Ledger", "LedgerEntry", "MICRO", "to_micro"]
+
+MICRO = Decimal("0.000001")
+
+
+def to_micro(amount: Decimal) -> int:
+    """USD → integer micro-dollars (half-even); the ledger's precision."""
+    return int((amount / MICRO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One call to one deployment while serving a request."""
+
+    deployment: str
+    outcome: str
+    """``ok`` or a backend error kind (``timeout``, ``unavailable``, …)."""
+    latency_ms: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "deployment": self.deployment,
+            "outcome": self.outcome,
+            "latency_ms": round(self.latency_ms, 3),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        return cls(
+            deployment=str(data["deployment"]),
+            outcome=str(data["outcome"]),
+            latency_ms=float(data["latency_ms"]),
+            prompt_tokens=int(data.get("prompt_tokens", 0)),
+            completion_tokens=int(data.get("completion_tokens", 0)),
+            error=data.get("error"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One row. Money is integer micro-dollars; ``None`` cost means the price is unknown
+    (flagged with ``price_known=False``, never booked as zero)."""
+
+    request_id: str
+    tenant: str
+    principal: str
+    created_at: datetime
+    """UTC, timezone-aware."""
+    outcome: str
+    """``ok`` or the error code the client received (``model_not_found``, ``timeout``, …)."""
+    status_code: int
+    requested_model: str = ""
+    tier: str | None = None
+    deployment: str | None = None
+    rule: str | None = None
+    score: float | None = None
+    stream: bool = False
+    app: str | None = None
+    tags: tuple[str, ...] = ()
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_micro_usd: int | None = 0
+    baseline_micro_usd: int | None = 0
+    price_known: bool = True
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    queue_ms: float | None = None
+    attempts: tuple[Attempt, ...] = field(default_factory=tuple)
+
+    @property
+    def cost_usd(self) -> Decimal | None:
+        return None if self.cost_micro_usd is None else Decimal(self.cost_micro_usd) * MICRO
+
+    @property
+    def baseline_usd(self) -> Decimal | None:
+        return None if self.baseline_micro_usd is None else Decimal(self.baseline_micro_usd) * MICRO
+
+
+class Ledger(Protocol):
+    """Where ledger entries are written. ``record`` is idempotent by ``request_id``: the first
+    entry for an id wins, and a repeat returns ``False``."""
+
+    async def record(self, entry: LedgerEntry) -> bool: ...
+
+    async def get(self, request_id: str, *, tenant: str | None = None) -> LedgerEntry | None: ...
+
+    async def ping(self) -> None: ...
+
+    async def aclose(self) -> None: ...
