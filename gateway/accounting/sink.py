@@ -1,0 +1,119 @@
+"""The ledger sink: drains the ledger event stream into SQL (at least once in, once out)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.accounting.events import decode_entry
+from gateway.accounting.records import Ledger
+
+__all__ = ["LedgerSink"]
+
+log = logging.getLogger(__name__)
+
+
+class LedgerSink:
+    def __init__(
+        self,
+        *,
+        redis: aioredis.Redis,
+        blocking_redis: aioredis.Redis,
+        stream: str,
+        group: str,
+        consumer: str,
+        ledger: Ledger,
+    ) -> None:
+        self._redis = redis
+        self._blocking = blocking_redis
+        self._stream = stream
+        self._group = group
+        self._consumer = consumer
+        self._ledger = ledger
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="tiergate-ledger-sink")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            # Give in-flight entries a moment to land before stopping.
+            with contextlib.suppress(RedisError, OSError, SQLAlchemyError):
+                await asyncio.wait_for(self.drain(), timeout=5)
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def drain(self) -> int:
+        """Write everything queued now (own pending entries first). Returns entries written."""
+        await self._ensure_group()
+        written = 0
+        for start in ("0", ">"):
+            while True:
+                response = await self._redis.xreadgroup(
+                    self._group, self._consumer, {self._stream: start}, count=256
+                )
+                entries = [e for _k, batch in response or () for e in batch]
+                if not entries:
+                    break
+                written += await self._write(entries)
+                if start == "0":
+                    break
+        return written
+
+    async def _ensure_group(self) -> None:
+        try:
+            await self._redis.xgroup_create(self._stream, self._group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        pending_first = True
+        while True:
+            try:
+                await self._ensure_group()
+                start = "0" if pending_first else ">"
+                response = await self._blocking.xreadgroup(
+                    self._group, self._consumer, {self._stream: start}, count=256, block=1000
+                )
+                entries = [e for _k, batch in response or () for e in batch]
+                if pending_first and not entries:
+                    pending_first = False
+                    continue
+                if entries:
+                    await self._write(entries)
+                backoff = 0.1
+            except (RedisError, OSError, SQLAlchemyError) as exc:
+                log.warning("ledger sink paused: %s", type(exc).__name__)
+                pending_first = True
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _write(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
+        written = 0
+        done: list[bytes] = []
+        for entry_id, fields in entries:
+            try:
+                entry = decode_entry(fields[b"e"])
+            except (KeyError, ValueError, TypeError) as exc:
+                log.error("dropping malformed ledger event %s: %s", entry_id, exc)
+                done.append(entry_id)
+                continue
+            await self._ledger.record(entry)  # idempotent: a replay is not booked twice
+            written += 1
+            done.append(entry_id)
+        if done:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xack(self._stream, self._group, *done)
+                pipe.xdel(self._stream, *done)
+                await pipe.execute()
+        return written

@@ -1,0 +1,97 @@
+"""From raw bytes to an admitted request: size limit, JSON, schema, limits. Nothing here has
+touched Redis or a backend yet, so a bad request costs nothing downstream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import Request
+from pydantic import ValidationError
+
+from gateway.api.meta import RequestMeta
+from gateway.api.schemas import ChatCompletionRequest
+from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.settings import LimitsSettings
+from router.features import PromptFeatures
+
+__all__ = ["Admitted", "admit", "read_body"]
+
+_NOT_PASSED_THROUGH = ("model", "metadata")
+"""Fields the gateway consumes: ``model`` is chosen per deployment, ``metadata`` is tiergate's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    request: ChatCompletionRequest
+    body: dict[str, Any]
+    """What backends receive (the client's body, unknown fields kept)."""
+    meta: RequestMeta
+    features: PromptFeatures
+    max_tokens: int
+    """Output budget used for context fit: the client's limit, or the configured default."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    first = exc.errors(include_url=False)[0]
+    location = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{location or 'body'}: {first.get('msg', 'invalid value')}", location or None
+
+
+def admit(raw: bytes, headers: dict[str, str], limits: LimitsSettings) -> Admitted:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("request body must be a JSON object", code="invalid_json")
+    try:
+        request = ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        message, param = _validation_message(exc)
+        raise InvalidRequest(message, param=param) from None
+    if request.n not in (None, 1):
+        raise InvalidRequest("only n=1 is supported", param="n")
+    if len(request.messages) > limits.max_messages:
+        raise InvalidRequest(
+            f"too many messages: {len(request.messages)} > {limits.max_messages}",
+            param="messages",
+        )
+    output_limit = request.output_limit
+    if output_limit is not None and output_limit > limits.max_output_tokens:
+        raise InvalidRequest(
+            f"max_tokens {output_limit} exceeds the limit of {limits.max_output_tokens}",
+            param="max_tokens",
+        )
+    meta = RequestMeta.parse(headers, request.metadata)
+    features = PromptFeatures.from_messages(data["messages"])
+    if features.estimated_prompt_tokens > limits.max_prompt_tokens:
+        raise InvalidRequest(
+            f"prompt is about {features.estimated_prompt_tokens} tokens; the limit is "
+            f"{limits.max_prompt_tokens}",
+            code="context_length_exceeded",
+            param="messages",
+        )
+    body = {k: v for k, v in data.items() if k not in _NOT_PASSED_THROUGH}
+    return Admitted(
+        request=request,
+        body=body,
+        meta=meta,
+        features=features,
+        max_tokens=output_limit or limits.default_max_tokens,
+    )

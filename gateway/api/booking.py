@@ -1,0 +1,53 @@
+"""Ledger entries for requests the edge answers itself (refused before or instead of a worker)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.accounting.records import LedgerEntry
+from gateway.auth.principals import Principal
+from gateway.errors import GatewayError
+from gateway.services import Services
+from router.plan import RoutePlan
+
+__all__ = ["book_refusal"]
+
+log = logging.getLogger(__name__)
+
+
+async def book_refusal(
+    services: Services,
+    *,
+    request_id: str,
+    principal: Principal,
+    received_at: float,
+    error: GatewayError,
+    requested_model: str = "",
+    plan: RoutePlan | None = None,
+    stream: bool = False,
+) -> None:
+    entry = LedgerEntry(
+        request_id=request_id,
+        tenant=principal.tenant or "",
+        principal=principal.name,
+        created_at=datetime.fromtimestamp(received_at, UTC),
+        outcome=error.outcome,
+        status_code=error.status,
+        requested_model=requested_model,
+        tier=plan.tier.value if plan else None,
+        rule=plan.rule if plan else None,
+        score=plan.score if plan else None,
+        stream=stream,
+        latency_ms=(time.time() - received_at) * 1000,
+    )
+    services.metrics.requests.labels(entry.tier or "none", entry.outcome).inc()
+    try:
+        await services.ledger_writer.write(entry)
+    except (RedisError, SQLAlchemyError, OSError):
+        services.metrics.ledger_failures.inc()
+        log.error("could not book refused request %s", request_id)

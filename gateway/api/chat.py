@@ -1,0 +1,109 @@
+"""``POST /v1/chat/completions``: authenticate ▸ admit ▸ route ▸ queue ▸ relay."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from gateway.api.admission import admit, read_body
+from gateway.api.booking import book_refusal
+from gateway.api.deps import PrincipalDep, ServicesDep
+from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
+from gateway.api.routing import plan_request
+from gateway.auth.principals import Principal
+from gateway.errors import GatewayError, PermissionDenied
+from gateway.queue.jobs import Job
+from gateway.services import Services
+from router.plan import RoutePlan
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(
+    request: Request, services: ServicesDep, principal: PrincipalDep
+) -> Response:
+    started = time.perf_counter()
+    received_at = time.time()
+    request_id = new_request_id()
+    request.state.request_id = request_id
+    requested_model = ""
+    plan: RoutePlan | None = None
+    stream = False
+    try:
+        tenant = principal.tenant
+        if tenant is None or tenant not in services.policies:
+            raise PermissionDenied(f"principal {principal.name!r} cannot call models")
+        raw = await read_body(request, services.settings.limits.max_body_bytes)
+        admitted = admit(raw, dict(request.headers), services.settings.limits)
+        requested_model = admitted.request.model
+        stream = admitted.request.stream
+        plan = plan_request(services, tenant, admitted)
+        timeout_ms = min(
+            admitted.meta.timeout_ms or services.settings.queue.default_timeout_ms,
+            services.settings.queue.max_timeout_ms,
+        )
+        policy_priority = services.settings.tenants[tenant].priority
+        job = Job(
+            request_id=request_id,
+            tenant=tenant,
+            principal=principal.name,
+            reply_to=services.edge_id,
+            plan=plan,
+            body=admitted.body,
+            stream=stream,
+            enqueued_at=time.time(),
+            deadline=received_at + timeout_ms / 1000,
+            received_at=received_at,
+            app=admitted.meta.app,
+            tags=admitted.meta.tags,
+            priority=admitted.meta.priority or policy_priority,
+        )
+        replies = await services.dispatcher.submit(job)
+        first = await anext(replies)
+        ctx = RelayContext(
+            services,
+            request_id=request_id,
+            started=started,
+            rule=plan.rule,
+            wants_usage=admitted.request.wants_usage,
+        )
+        if stream:
+            return await sse_response(ctx, first, replies)
+        return json_response(ctx, first)
+    except RelayedError as relayed:
+        raise relayed.error from None
+    except GatewayError as error:
+        await _book(services, request_id, principal, received_at, error, requested_model, plan, stream)
+        raise
+
+
+async def _book(
+    services: Services,
+    request_id: str,
+    principal: Principal,
+    received_at: float,
+    error: GatewayError,
+    requested_model: str,
+    plan: RoutePlan | None,
+    stream: bool,
+) -> None:
+    await book_refusal(
+        services,
+        request_id=request_id,
+        principal=principal,
+        received_at=received_at,
+        error=error,
+        requested_model=requested_model,
+        plan=plan,
+        stream=stream,
+    )

@@ -1,0 +1,41 @@
+"""What handlers receive: the services, and the authenticated principal."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from gateway.auth.principals import Principal
+from gateway.errors import AuthenticationFailed
+from gateway.services import Services
+
+__all__ = ["PrincipalDep", "ServicesDep", "authenticate", "get_services"]
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def authenticate(request: Request) -> Principal:
+    """The caller's principal from ``Authorization: Bearer <key>`` (or ``api-key``)."""
+    services = get_services(request)
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        key = request.headers.get("api-key", "")
+        if not key:
+            services.metrics.unauthenticated.labels("missing_key").inc()
+            raise AuthenticationFailed(
+                "missing API key: send it as 'Authorization: Bearer <key>'", code="missing_api_key"
+            )
+    principal = services.keys.authenticate(key.strip())
+    if principal is None:
+        services.metrics.unauthenticated.labels("invalid_key").inc()
+        raise AuthenticationFailed("invalid API key")
+    return principal
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+PrincipalDep = Annotated[Principal, Depends(authenticate)]

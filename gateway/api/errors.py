@@ -1,0 +1,63 @@
+"""The one place where errors become HTTP responses (OpenAI-shaped bodies)."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+
+__all__ = ["error_response", "install_error_handlers"]
+
+log = logging.getLogger(__name__)
+
+
+def error_response(request: Request, error: GatewayError) -> JSONResponse:
+    headers: dict[str, str] = {}
+    request_id = getattr(request.state, "request_id", None)
+    if request_id:
+        headers["x-request-id"] = request_id
+    if error.retry_after is not None:
+        headers["retry-after"] = str(max(1, math.ceil(error.retry_after)))
+    if error.status == 401:
+        headers["www-authenticate"] = "Bearer"
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    return error_response(request, exc)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return error_response(request, InvalidRequest(f"{where}: {first.get('msg', 'invalid')}"))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 404:
+        return error_response(request, ModelNotFound(f"no route {request.url.path}", code="not_found"))
+    error = GatewayError(str(exc.detail), code=f"http_{exc.status_code}")
+    error.status = exc.status_code
+    error.type = "invalid_request_error" if exc.status_code < 500 else "api_error"
+    return error_response(request, error)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    return error_response(request, GatewayError("internal error"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,33 @@
+"""``GET /v1/models``: what this tenant may ask for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from gateway.api.deps import PrincipalDep, ServicesDep
+from gateway.errors import PermissionDenied
+from router.catalog import Tier
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
+    tenant = principal.tenant
+    if tenant is None or tenant not in services.policies:
+        raise PermissionDenied(f"principal {principal.name!r} cannot call models")
+    policy = services.policies[tenant]
+    ids: list[tuple[str, str]] = [("auto", "tiergate")]
+    ids += [(tier.value, "tiergate") for tier in Tier if tier in policy.allowed_tiers]
+    for spec in services.catalog.deployments:
+        allowed_model = policy.allowed_models is None or spec.model in policy.allowed_models
+        if spec.tier in policy.allowed_tiers and allowed_model:
+            ids.append((spec.model, spec.provider))
+    return {
+        "object": "list",
+        "data": [{"id": i, "object": "model", "created": 0, "owned_by": o} for i, o in ids],
+    }

@@ -1,0 +1,185 @@
+"""Turning worker replies into HTTP: a JSON response, or an SSE stream that starts with its
+first chunk (so routing headers are known) and carries cost and overhead in its final chunk."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import orjson
+from fastapi.responses import Response, StreamingResponse
+
+from gateway.errors import DeadlineExceeded, GatewayError, ServiceUnavailable, UpstreamFailed
+from gateway.queue.jobs import Reply
+from gateway.services import Services
+
+__all__ = ["RelayContext", "json_response", "sse_response"]
+
+_DONE = b"data: [DONE]\n\n"
+
+
+class RelayContext:
+    """What the relay needs to know about the request it answers."""
+
+    def __init__(
+        self,
+        services: Services,
+        *,
+        request_id: str,
+        started: float,
+        rule: str,
+        wants_usage: bool,
+    ) -> None:
+        self.services = services
+        self.request_id = request_id
+        self.started = started
+        self.rule = rule
+        self.wants_usage = wants_usage
+
+    def headers(self, meta: Mapping[str, Any]) -> dict[str, str]:
+        headers = {
+            "x-request-id": self.request_id,
+            "x-tiergate-tier": str(meta.get("tier", "")),
+            "x-tiergate-model": str(meta.get("deployment", "")),
+            "x-tiergate-rule": self.rule,
+            "x-tiergate-queue-ms": f"{float(meta.get('queue_ms', 0.0)):.1f}",
+        }
+        return headers
+
+    def overhead_ms(self, meta: Mapping[str, Any]) -> float:
+        total_ms = (time.perf_counter() - self.started) * 1000
+        return max(total_ms - float(meta.get("queue_ms", 0.0)) - float(meta.get("backend_ms", 0.0)), 0.0)
+
+    def x_tiergate(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "tier": meta.get("tier"),
+            "model": meta.get("deployment"),
+            "rule": self.rule,
+            "cost_usd": meta.get("cost_usd"),
+            "overhead_ms": round(self.overhead_ms(meta), 3),
+            "queue_ms": round(float(meta.get("queue_ms", 0.0)), 3),
+        }
+
+    def observe(self, meta: Mapping[str, Any], outcome: str, stream: bool) -> None:
+        metrics = self.services.metrics
+        tier = str(meta.get("tier") or "none")
+        metrics.requests.labels(tier, outcome).inc()
+        metrics.latency.labels(tier, str(stream).lower()).observe(time.perf_counter() - self.started)
+        metrics.overhead.observe(self.overhead_ms(meta) / 1000)
+        metrics.queue_wait.labels(tier).observe(float(meta.get("queue_ms", 0.0)) / 1000)
+        metrics.tokens.labels(tier, "prompt").inc(int(meta.get("prompt_tokens", 0)))
+        metrics.tokens.labels(tier, "completion").inc(int(meta.get("completion_tokens", 0)))
+
+
+def _error_from_reply(reply: Reply) -> GatewayError:
+    body = reply.data.get("error", {})
+    status = int(reply.meta.get("status", 502))
+    cls: type[GatewayError] = {504: DeadlineExceeded, 503: ServiceUnavailable}.get(
+        status, UpstreamFailed
+    )
+    error = cls(str(body.get("message", "upstream error")))
+    error.status = status
+    error.type = str(body.get("type", error.type))
+    error.code = str(body.get("code", error.code))
+    error.param = body.get("param")
+    return error
+
+
+class RelayedError(Exception):
+    """An error the worker already booked: the edge only answers it."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def json_response(ctx: RelayContext, reply: Reply) -> Response:
+    if reply.kind == "error":
+        raise RelayedError(_error_from_reply(reply))
+    meta = reply.meta
+    headers = ctx.headers(meta)
+    cost = meta.get("cost_usd")
+    headers["x-tiergate-cost-usd"] = "unknown" if cost is None else str(cost)
+    headers["x-tiergate-overhead-ms"] = f"{ctx.overhead_ms(meta):.3f}"
+    ctx.observe(meta, "ok", stream=False)
+    return Response(orjson.dumps(reply.data), media_type="application/json", headers=headers)
+
+
+def _event(data: Mapping[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def _is_final_candidate(chunk: Mapping[str, Any]) -> bool:
+    choices = chunk.get("choices") or []
+    return not choices or any(c.get("finish_reason") for c in choices)
+
+
+async def sse_response(
+    ctx: RelayContext, first: Reply, replies: AsyncIterator[Reply]
+) -> Response:
+    """``first`` is the stream's first reply (already awaited, so headers are known)."""
+    if first.kind == "error":
+        raise RelayedError(_error_from_reply(first))
+    route = first.meta
+
+    async def body() -> AsyncIterator[bytes]:
+        held: dict[str, Any] | None = None
+        reply: Reply | None = first
+        try:
+            while reply is not None:
+                if reply.kind == "chunk":
+                    chunk = reply.data
+                    is_usage = not chunk.get("choices") and "usage" in chunk
+                    if is_usage and not ctx.wants_usage:
+                        pass  # usage was asked for billing only
+                    elif _is_final_candidate(chunk):
+                        if held is not None:
+                            yield _event(held)
+                        held = chunk
+                    else:
+                        yield _event(chunk)
+                elif reply.kind == "end":
+                    meta = {**route, **reply.meta}
+                    if held is not None:
+                        held = {**held, "x_tiergate": ctx.x_tiergate(meta)}
+                        yield _event(held)
+                        held = None
+                    ctx.observe(meta, "ok", stream=True)
+                    yield _DONE
+                    return
+                elif reply.kind == "error":
+                    if held is not None:
+                        yield _event(held)
+                        held = None
+                    yield _stream_error(ctx, route, reply.data, reply.meta)
+                    return
+                reply = await anext(replies, None)
+            # The reply channel ended without an end event: say so, never end cleanly.
+            yield _stream_error(ctx, route, UpstreamFailed("the stream ended unexpectedly").body(), {})
+        except GatewayError as exc:
+            yield _stream_error(ctx, route, exc.body(), {})
+
+    return StreamingResponse(
+        body(),
+        media_type="text/event-stream",
+        headers={**ctx.headers(route), "cache-control": "no-cache"},
+    )
+
+
+def _stream_error(
+    ctx: RelayContext, route: Mapping[str, Any], error: Mapping[str, Any], meta: Mapping[str, Any]
+) -> bytes:
+    """A chunk with a non-success finish_reason, then an error event (the SDK raises on it)."""
+    merged = {**route, **meta}
+    ctx.observe(merged, "stream_error", stream=True)
+    closing = {
+        "id": ctx.request_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": route.get("deployment"),
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
+        "x_tiergate": ctx.x_tiergate(merged),
+    }
+    return _event(closing) + _event(error)

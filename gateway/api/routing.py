@@ -1,0 +1,38 @@
+"""The edge's call into the (pure) router, and the translation of its refusals."""
+
+from __future__ import annotations
+
+from gateway.api.admission import Admitted
+from gateway.errors import ContextTooLong, GatewayError, ModelNotFound, PermissionDenied
+from gateway.services import Services
+from router.catalog import Signals
+from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, UnknownModel
+from router.plan import RoutePlan
+from router.planner import decide
+
+__all__ = ["plan_request", "routing_error"]
+
+
+def routing_error(exc: RoutingError) -> GatewayError:
+    if isinstance(exc, UnknownModel):
+        return ModelNotFound(exc.message, param="model")
+    if isinstance(exc, ModelNotAllowed):
+        return PermissionDenied(exc.message, code="model_not_allowed", param="model")
+    if isinstance(exc, NoDeploymentFits):
+        return ContextTooLong(exc.message, param="messages")
+    return GatewayError(exc.message)
+
+
+def plan_request(services: Services, tenant: str, admitted: Admitted) -> RoutePlan:
+    try:
+        return decide(
+            requested_model=admitted.request.model,
+            features=admitted.features,
+            max_tokens=admitted.max_tokens,
+            policy=services.policies[tenant],
+            catalog=services.catalog,
+            signals=Signals(),
+            classifier=services.classifier,
+        )
+    except RoutingError as exc:
+        raise routing_error(exc) from None

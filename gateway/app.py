@@ -1,0 +1,81 @@
+"""The app factories: the public API, and the admin app (metrics) for its own port."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.api import chat, health, models
+from gateway.api.errors import install_error_handlers
+from gateway.services import Services, open_services
+from gateway.settings import Settings
+
+__all__ = ["create_admin_app", "create_app"]
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    services: Services | None = None,
+    dev: bool = False,
+    workers: bool = True,
+) -> FastAPI:
+    """The public app. With ``services`` the caller owns them; otherwise the lifespan builds
+    them from ``settings`` and closes them at shutdown."""
+    if services is None and settings is None:
+        raise ValueError("create_app needs settings or services")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if services is not None:
+            app.state.services = services
+            yield
+            return
+        assert settings is not None
+        async with open_services(settings, dev=dev, workers=workers) as built:
+            app.state.services = built
+            yield
+
+    app = FastAPI(
+        title="tiergate",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    install_error_handlers(app)
+    app.include_router(chat.router)
+    app.include_router(models.router)
+    app.include_router(health.router)
+    return app
+
+
+def create_admin_app(services: Services) -> FastAPI:
+    """The admin port: Prometheus metrics (not exposed on the public port)."""
+    app = FastAPI(title="tiergate admin", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.services = services
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        await _refresh_queue_depth(services)
+        return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(health.router)
+    return app
+
+
+async def _refresh_queue_depth(services: Services) -> None:
+    from redis.exceptions import RedisError
+
+    tiers = {spec.tier.value for spec in services.catalog.deployments}
+    with contextlib.suppress(RedisError, OSError):
+        async with services.redis.pipeline(transaction=False) as pipe:
+            for tier in sorted(tiers):
+                pipe.xlen(services.redis_keys.jobs(tier))
+            depths = await pipe.execute()
+        for tier, depth in zip(sorted(tiers), depths, strict=True):
+            services.metrics.queue_depth.labels(tier).set(depth)

@@ -1,0 +1,105 @@
+"""``tiergate``: serve, work, simulate, run everything locally, and read the ledger."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gateway.auth.keys import MissingKeys
+from gateway.cli import ledger_cmd, up_cmd
+from gateway.settings import Settings, load_settings
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app.add_typer(ledger_cmd.ledger_app, name="ledger")
+app.command("report")(ledger_cmd.report)
+app.command("up")(up_cmd.up)
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file", exists=True)]
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def _load(config: Path, **overrides: object) -> Settings:
+    try:
+        return load_settings(config, **overrides)
+    except ValueError as exc:
+        typer.echo(f"invalid config {config}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _run_async(coro: object) -> None:
+    import uvloop
+
+    try:
+        uvloop.run(coro)  # type: ignore[arg-type]
+    except MissingKeys as exc:
+        typer.echo(f"tiergate: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def serve(
+    config: ConfigOpt,
+    host: Annotated[str | None, typer.Option(help="public host")] = None,
+    port: Annotated[int | None, typer.Option(help="public port")] = None,
+    no_workers: Annotated[bool, typer.Option("--no-workers", help="run the edge only")] = False,
+    dev: Annotated[bool, typer.Option("--dev", help="allow documented development keys")] = False,
+) -> None:
+    """Run the gateway: edge, workers and ledger sink in one process."""
+    from gateway.server import serve as run_serve
+
+    configure_logging()
+    settings = _load(config)
+    server = settings.server.model_copy(
+        update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    )
+    settings = settings.model_copy(update={"server": server})
+    _run_async(run_serve(settings, dev=dev, workers=not no_workers))
+
+
+@app.command()
+def worker(
+    config: ConfigOpt,
+    dev: Annotated[bool, typer.Option("--dev", help="allow documented development keys")] = False,
+) -> None:
+    """Run workers and the ledger sink alone (metrics and health on the admin port)."""
+    from gateway.server import serve_worker
+
+    configure_logging()
+    _run_async(serve_worker(_load(config), dev=dev))
+
+
+@app.command()
+def sim(
+    profile: Annotated[str, typer.Option(help="simulator profile (served model id)")],
+    port: Annotated[int, typer.Option(help="port to listen on")],
+    host: Annotated[str, typer.Option(help="host to bind")] = "127.0.0.1",
+    time_scale: Annotated[float, typer.Option(help="latency multiplier; 0 answers at once")] = 1.0,
+    usage_log: Annotated[Path | None, typer.Option(help="JSONL file, a line per request")] = None,
+) -> None:
+    """Run a vLLM-compatible simulator."""
+    from backends.sim import PROFILES, run_sim
+
+    if profile not in PROFILES:
+        typer.echo(f"unknown profile {profile!r}; known: {', '.join(sorted(PROFILES))}", err=True)
+        raise typer.Exit(2)
+    configure_logging(logging.WARNING)
+    run_sim(profile, host=host, port=port, time_scale=time_scale, usage_log=usage_log)
+
+
+def main() -> None:
+    app()
+
+

@@ -1,0 +1,105 @@
+"""The edge's side of the queue: admit a job, queue it, and wait for its replies.
+
+Ownership of a request's outcome is settled by one ``SET NX`` on its claim key: the worker sets
+it before it starts a job; the edge sets it when the deadline passes first. Whoever wins writes
+the ledger entry, so a request is never answered 504 *and* run, nor booked twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.errors import DeadlineExceeded, RateLimited, ServiceUnavailable
+from gateway.queue.jobs import Job, Reply
+from gateway.queue.keys import RedisKeys
+from gateway.queue.replies import ReplyRouter
+
+__all__ = ["Dispatcher", "EDGE_CLAIM"]
+
+EDGE_CLAIM = "edge"
+_RUNNING_GRACE_S = 5.0
+"""How long past its deadline the edge still waits for a job a worker has started: the worker's
+backend timeouts end it at the deadline, so this only covers a worker that died mid-job."""
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: RedisKeys,
+        replies: ReplyRouter,
+        *,
+        max_depth: int,
+        claim_ttl_s: int,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._replies = replies
+        self._max_depth = max_depth
+        self._claim_ttl_s = claim_ttl_s
+
+    async def submit(self, job: Job) -> AsyncIterator[Reply]:
+        """Queue ``job`` and return its replies, in order. Raises ``RateLimited`` when the tier's
+        queue is full and ``ServiceUnavailable`` when Redis cannot be used."""
+        stream = self._keys.jobs(job.plan.tier.value)
+        queue = self._replies.register(job.request_id)
+        try:
+            depth = await self._redis.xlen(stream)
+            if depth >= self._max_depth:
+                raise RateLimited(
+                    f"the {job.plan.tier.value} tier's queue is full ({depth} waiting)",
+                    code="queue_full",
+                    retry_after=1.0,
+                )
+            await self._redis.xadd(stream, {"j": job.encode()})
+        except (RedisError, OSError) as exc:
+            self._replies.unregister(job.request_id)
+            raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
+        except BaseException:
+            self._replies.unregister(job.request_id)
+            raise
+        return self._replies_of(job, queue)
+
+    async def _replies_of(
+        self, job: Job, queue: asyncio.Queue[Reply | BaseException]
+    ) -> AsyncIterator[Reply]:
+        deadline = job.deadline
+        claimed_by_worker = False
+        try:
+            while True:
+                timeout = deadline - time.time()
+                try:
+                    if timeout <= 0:
+                        raise TimeoutError
+                    item = await asyncio.wait_for(queue.get(), timeout)
+                except TimeoutError:
+                    if claimed_by_worker:
+                        raise DeadlineExceeded("the backend did not finish before the deadline") from None
+                    if await self._claim_for_edge(job.request_id):
+                        raise DeadlineExceeded(
+                            "the request could not start before its deadline"
+                        ) from None
+                    claimed_by_worker = True
+                    deadline = job.deadline + _RUNNING_GRACE_S
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.kind in ("result", "error", "end"):
+                    return
+        finally:
+            self._replies.unregister(job.request_id)
+
+    async def _claim_for_edge(self, request_id: str) -> bool:
+        try:
+            won = await self._redis.set(
+                self._keys.claim(request_id), EDGE_CLAIM, nx=True, ex=self._claim_ttl_s
+            )
+        except (RedisError, OSError) as exc:
+            raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
+        return bool(won)

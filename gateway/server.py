@@ -1,0 +1,93 @@
+"""Running tiergate: the public and admin servers (and, unless disabled, workers) in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Generator, Sequence
+
+import uvicorn
+
+from gateway.app import create_admin_app, create_app
+from gateway.services import open_services
+from gateway.settings import Settings
+
+__all__ = ["serve", "serve_worker"]
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to ``_run_servers`` (several share one loop)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+async def _run_servers(servers: Sequence[uvicorn.Server]) -> None:
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        for server in servers:
+            server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    try:
+        tasks = [asyncio.create_task(s.serve()) for s in servers]
+        done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        stop()  # one server ending (e.g. its port was taken) stops the others
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            task.result()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def _uvicorn_config(app: object, host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
+
+
+async def serve(settings: Settings, *, dev: bool, workers: bool) -> None:
+    async with open_services(settings, dev=dev, workers=workers) as services:
+        public = _Server(
+            _uvicorn_config(create_app(services=services), settings.server.host, settings.server.port)
+        )
+        admin = _Server(
+            _uvicorn_config(
+                create_admin_app(services), settings.server.admin_host, settings.server.admin_port
+            )
+        )
+        log.warning(
+            "tiergate listening on http://%s:%d (admin %s:%d)",
+            settings.server.host,
+            settings.server.port,
+            settings.server.admin_host,
+            settings.server.admin_port,
+        )
+        await _run_servers([public, admin])
+
+
+async def serve_worker(settings: Settings, *, dev: bool) -> None:
+    """Workers (and the ledger sink) alone, plus the admin port for metrics and health."""
+    async with open_services(settings, dev=dev, workers=True) as services:
+        admin = _Server(
+            _uvicorn_config(
+                create_admin_app(services), settings.server.admin_host, settings.server.admin_port
+            )
+        )
+        await _run_servers([admin])

@@ -1,0 +1,231 @@
+"""The running service's parts, built once at start-up and closed at shutdown.
+
+``open_services`` is the only place that wires concrete classes together; handlers receive the
+finished ``Services`` through the app's state, and tests can build their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from backends.protocol import Backend
+from gateway.accounting.ledger import SqlLedger
+from gateway.accounting.prices import PriceBook
+from gateway.accounting.sink import LedgerSink
+from gateway.accounting.writer import LedgerWriter
+from gateway.auth.keys import KeyStore
+from gateway.embedded_redis import EmbeddedRedis
+from gateway.metrics import Metrics
+from gateway.queue.dispatcher import Dispatcher
+from gateway.queue.executor import Executor
+from gateway.queue.keys import RedisKeys
+from gateway.queue.pool import BackendPool, Replica
+from gateway.queue.replies import ReplyRouter
+from gateway.queue.worker import Worker
+from gateway.settings import DeploymentSettings, Settings, read_secret
+from router.catalog import Catalog, DeploymentSpec, TenantPolicy
+from router.classifier import Classifier
+from router.model_file import load_classifier
+
+__all__ = ["Services", "build_catalog", "build_policies", "open_services"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    settings: Settings
+    keys: KeyStore
+    redis: aioredis.Redis
+    redis_keys: RedisKeys
+    ledger: SqlLedger
+    ledger_writer: LedgerWriter
+    prices: PriceBook
+    catalog: Catalog
+    policies: Mapping[str, TenantPolicy]
+    classifier: Classifier | None
+    dispatcher: Dispatcher
+    replies: ReplyRouter
+    metrics: Metrics
+    worker: Worker | None
+    edge_id: str
+
+
+def build_catalog(settings: Settings) -> Catalog:
+    return Catalog(
+        tuple(
+            DeploymentSpec(
+                model=d.model, tier=d.tier, max_model_len=d.max_model_len, provider=d.provider
+            )
+            for d in settings.deployments
+        )
+    )
+
+
+def build_policies(settings: Settings) -> dict[str, TenantPolicy]:
+    return {
+        name: TenantPolicy(
+            tenant=name,
+            default_tier=t.default_tier,
+            allowed_tiers=frozenset(t.allowed_tiers),
+            threshold=t.threshold,
+            allowed_models=None if t.allowed_models is None else frozenset(t.allowed_models),
+        )
+        for name, t in settings.tenants.items()
+    }
+
+
+def _baselines(settings: Settings) -> dict[str, str | None]:
+    first_large = next((d.model for d in settings.deployments if d.tier.value == "large"), None)
+    return {name: t.baseline_model or first_large for name, t in settings.tenants.items()}
+
+
+def _redis_client(url: str, *, socket_timeout: float | None) -> aioredis.Redis:
+    # Fail fast: a lost Redis must become a 503 within a second, not a retry loop.
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=0.5,
+        socket_timeout=socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+    )
+
+
+def _make_backends(
+    dep: DeploymentSettings, session: aiohttp.ClientSession
+) -> list[Replica]:
+    api_key = read_secret(dep.api_key_env) if dep.api_key_env else None
+    replicas: list[Replica] = []
+    if dep.provider == "vllm":
+        from backends.openai_http import VLLMBackend
+
+        for i, rep in enumerate(dep.replicas):
+            backend: Backend = VLLMBackend(
+                name=f"{dep.model}#{i}",
+                base_url=rep.url,
+                session=session,
+                api_key=api_key,
+                total_s=dep.timeout_s,
+            )
+            replicas.append(Replica(backend, rep.max_num_seqs))
+    else:
+        from backends.litellm_backend import LiteLLMBackend
+
+        api_base = dep.replicas[0].url if dep.replicas else None
+        capacity = dep.replicas[0].max_num_seqs if dep.replicas else 64
+        backend = LiteLLMBackend(
+            name=dep.model,
+            litellm_model=dep.litellm_model or dep.model,
+            api_base=api_base,
+            api_key=api_key or ("sk-unused-local" if api_base else None),
+            total_s=dep.timeout_s,
+        )
+        replicas.append(Replica(backend, capacity))
+    return replicas
+
+
+def _tier_capacity(settings: Settings) -> dict[str, int]:
+    capacity: dict[str, int] = {}
+    for dep in settings.deployments:
+        slots = sum(r.max_num_seqs for r in dep.replicas) or 64
+        capacity[dep.tier.value] = capacity.get(dep.tier.value, 0) + slots
+    return capacity
+
+
+@contextlib.asynccontextmanager
+async def open_services(
+    settings: Settings, *, dev: bool = False, workers: bool = True
+) -> AsyncIterator[Services]:
+    """Build every service; close them all, in reverse order, on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        keys = KeyStore.from_settings(settings, dev=dev)
+        url = settings.redis.url
+        if url is None:
+            embedded = EmbeddedRedis()
+            url = embedded.start()
+            stack.callback(embedded.stop)
+            log.info("started embedded redis-server at %s", url)
+        redis = _redis_client(url, socket_timeout=1.0)
+        stack.push_async_callback(redis.aclose)
+        blocking = _redis_client(url, socket_timeout=5.0)
+        stack.push_async_callback(blocking.aclose)
+        redis_keys = RedisKeys(settings.redis.key_prefix)
+
+        ledger = await SqlLedger.connect(settings.database.url)
+        stack.push_async_callback(ledger.aclose)
+        writer = LedgerWriter(redis, redis_keys.ledger_events, ledger)
+        prices = PriceBook.from_settings(settings.deployments)
+        catalog = build_catalog(settings)
+        classifier = load_classifier(settings.router.model_path)
+        metrics = Metrics()
+
+        edge_id = secrets.token_hex(8)
+        replies = ReplyRouter(blocking, redis_keys.replies(edge_id))
+        replies.start()
+        stack.push_async_callback(replies.aclose)
+        claim_ttl = max(settings.queue.result_ttl_s, 60)
+        dispatcher = Dispatcher(
+            redis, redis_keys, replies, max_depth=settings.queue.max_depth, claim_ttl_s=claim_ttl
+        )
+
+        worker: Worker | None = None
+        if workers:
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                skip_auto_headers=("User-Agent",),
+            )
+            stack.push_async_callback(session.close)
+            pool = BackendPool(
+                {dep.model: _make_backends(dep, session) for dep in settings.deployments}
+            )
+            stack.push_async_callback(pool.aclose)
+            executor = Executor(pool, prices, catalog, _baselines(settings))
+            worker = Worker(
+                redis=redis,
+                blocking_redis=blocking,
+                keys=redis_keys,
+                executor=executor,
+                ledger=writer,
+                capacity=_tier_capacity(settings),
+                worker_id=f"w-{edge_id}",
+                claim_ttl_s=claim_ttl,
+            )
+            sink = LedgerSink(
+                redis=redis,
+                blocking_redis=blocking,
+                stream=redis_keys.ledger_events,
+                group=redis_keys.ledger_group,
+                consumer=f"sink-{edge_id}",
+                ledger=ledger,
+            )
+            sink.start()
+            stack.push_async_callback(sink.aclose)
+            worker.start()
+            stack.push_async_callback(worker.aclose)
+
+        yield Services(
+            settings=settings,
+            keys=keys,
+            redis=redis,
+            redis_keys=redis_keys,
+            ledger=ledger,
+            ledger_writer=writer,
+            prices=prices,
+            catalog=catalog,
+            policies=build_policies(settings),
+            classifier=classifier,
+            dispatcher=dispatcher,
+            replies=replies,
+            metrics=metrics,
+            worker=worker,
+            edge_id=edge_id,
+        )
