@@ -7,7 +7,7 @@ from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any, Protocol
 
-__all__ = ["Attempt", "Ledger", "LedgerEntry", "MICRO", "to_micro"]
+__all__ = ["MICRO", "Attempt", "Ledger", "LedgerEntry", "to_micro"]
 
 MICRO = Decimal("0.000001")
 

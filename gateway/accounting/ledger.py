@@ -1,0 +1,208 @@
+"""``SqlLedger``: the ``Ledger`` on SQLAlchemy's async engine (SQLite by default, PostgreSQL in
+production).
+
+``record`` is one ``INSERT … ON CONFLICT (request_id) DO NOTHING``: the first entry for an id wins,
+a repeat (a retried job, a second worker) returns ``False`` and changes nothing, on both dialects
+and across processes; ``record_many`` books a batch in one transaction (for the ledger sink).
+SQLite runs in WAL mode with a busy timeout so the gateway and a separate worker process can
+write the same file at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, RowMapping, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.dml import Insert
+
+from gateway.accounting.records import Attempt, LedgerEntry
+from gateway.accounting.schema import create_schema, ledger_entries
+
+__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlLedger", "create_ledger_engine"]
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+_DIALECTS = ("sqlite", "postgresql")
+
+
+def create_ledger_engine(url: str | URL, **engine_kwargs: Any) -> AsyncEngine:
+    """An async engine for ``url`` set up for the ledger (SQLite: WAL, busy timeout, parent dir)."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend not in _DIALECTS:
+        raise ValueError(f"unsupported ledger database {backend!r}: use sqlite or postgresql")
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            # One shared connection, or every connection would see its own empty database.
+            engine_kwargs.setdefault("poolclass", StaticPool)
+        else:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+    else:
+        engine_kwargs.setdefault("pool_pre_ping", True)
+    engine = create_async_engine(parsed, **engine_kwargs)
+    if backend == "sqlite":
+        event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+    finally:
+        cursor.close()
+
+
+def _insert_ignoring_duplicates(dialect: str) -> Insert:
+    if dialect == "postgresql":
+        return postgresql.insert(ledger_entries).on_conflict_do_nothing(
+            index_elements=[ledger_entries.c.request_id]
+        )
+    if dialect == "sqlite":
+        return sqlite.insert(ledger_entries).on_conflict_do_nothing(
+            index_elements=[ledger_entries.c.request_id]
+        )
+    raise ValueError(f"unsupported ledger dialect {dialect!r}")
+
+
+def entry_to_row(entry: LedgerEntry) -> dict[str, Any]:
+    """A ``LedgerEntry`` as column values. A ``None`` cost is always stored as unknown
+    (``price_known`` false), whatever the entry says; a naive ``created_at`` is refused."""
+    if entry.created_at.tzinfo is None or entry.created_at.utcoffset() is None:
+        raise ValueError(f"{entry.request_id}: created_at must be timezone-aware")
+    return {
+        "request_id": entry.request_id,
+        "tenant": entry.tenant,
+        "principal": entry.principal,
+        "created_at": entry.created_at,
+        "outcome": entry.outcome,
+        "status_code": entry.status_code,
+        "requested_model": entry.requested_model,
+        "tier": entry.tier,
+        "deployment": entry.deployment,
+        "rule": entry.rule,
+        "score": entry.score,
+        "stream": entry.stream,
+        "app": entry.app,
+        "tags": list(entry.tags),
+        "prompt_tokens": entry.prompt_tokens,
+        "completion_tokens": entry.completion_tokens,
+        "cost_micro_usd": entry.cost_micro_usd,
+        "baseline_micro_usd": entry.baseline_micro_usd,
+        "price_known": entry.price_known and entry.cost_micro_usd is not None,
+        "latency_ms": entry.latency_ms,
+        "ttft_ms": entry.ttft_ms,
+        "queue_ms": entry.queue_ms,
+        "attempts": [a.to_dict() for a in entry.attempts],
+    }
+
+
+def row_to_entry(row: RowMapping) -> LedgerEntry:
+    return LedgerEntry(
+        request_id=row["request_id"],
+        tenant=row["tenant"],
+        principal=row["principal"],
+        created_at=row["created_at"],
+        outcome=row["outcome"],
+        status_code=row["status_code"],
+        requested_model=row["requested_model"],
+        tier=row["tier"],
+        deployment=row["deployment"],
+        rule=row["rule"],
+        score=row["score"],
+        stream=bool(row["stream"]),
+        app=row["app"],
+        tags=tuple(str(t) for t in row["tags"]),
+        prompt_tokens=int(row["prompt_tokens"]),
+        completion_tokens=int(row["completion_tokens"]),
+        cost_micro_usd=_int_or_none(row["cost_micro_usd"]),
+        baseline_micro_usd=_int_or_none(row["baseline_micro_usd"]),
+        price_known=bool(row["price_known"]),
+        latency_ms=float(row["latency_ms"]),
+        ttft_ms=row["ttft_ms"],
+        queue_ms=row["queue_ms"],
+        attempts=tuple(Attempt.from_dict(a) for a in row["attempts"]),
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+class SqlLedger:
+    """The SQL ledger. Build with ``await SqlLedger.connect(url)`` (creates the schema), or hand
+    in an engine and call ``migrate()``; close with ``aclose()``."""
+
+    __slots__ = ("_engine", "_insert", "_returning_ids")
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._insert = _insert_ignoring_duplicates(engine.dialect.name)
+        self._returning_ids = self._insert.returning(ledger_entries.c.request_id)
+
+    @classmethod
+    async def connect(
+        cls, url: str | URL, *, migrate: bool = True, **engine_kwargs: Any
+    ) -> SqlLedger:
+        ledger = cls(create_ledger_engine(url, **engine_kwargs))
+        if migrate:
+            try:
+                await ledger.migrate()
+            except BaseException:
+                await ledger.aclose()
+                raise
+        return ledger
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
+    @property
+    def dialect(self) -> str:
+        return self._engine.dialect.name
+
+    async def migrate(self) -> None:
+        """Create what is missing of the schema (idempotent, safe from several processes)."""
+        async with self._engine.begin() as conn:
+            await create_schema(conn)
+
+    async def record(self, entry: LedgerEntry) -> bool:
+        """Write ``entry``; ``False`` (and no change) when its ``request_id`` is already booked."""
+        values = entry_to_row(entry)
+        async with self._engine.begin() as conn:
+            result = await conn.execute(self._insert, values)
+        return result.rowcount == 1
+
+    async def record_many(self, entries: Sequence[LedgerEntry]) -> frozenset[str]:
+        """Write a batch in one transaction; returns the ids newly booked. Ids already booked, or
+        repeated within the batch, keep their first entry. (SQLAlchemy's "insertmanyvalues" turns
+        the batch into multi-row ``INSERT … RETURNING`` statements.)"""
+        if not entries:
+            return frozenset()
+        rows = [entry_to_row(e) for e in entries]
+        async with self._engine.begin() as conn:
+            result = await conn.execute(self._returning_ids, rows)
+            return frozenset(result.scalars())
+
+    async def get(self, request_id: str, *, tenant: str | None = None) -> LedgerEntry | None:
+        """The entry for ``request_id``; with ``tenant``, only if it is that tenant's."""
+        query = select(ledger_entries).where(ledger_entries.c.request_id == request_id)
+        if tenant is not None:
+            query = query.where(ledger_entries.c.tenant == tenant)
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(query)).mappings().first()
+        return None if row is None else row_to_entry(row)
+
+    async def ping(self) -> None:
+        async with self._engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def aclose(self) -> None:
+        await self._engine.dispose()

@@ -1,0 +1,118 @@
+"""The ledger's SQL table, and the idempotent DDL that creates it.
+
+One row per authenticated request, keyed by ``request_id``. Money is BIGINT micro-dollars, ``NULL``
+when the price is unknown (``price_known`` false). Times are stored in UTC: ``TIMESTAMPTZ`` on
+PostgreSQL, UTC text on SQLite; both read back as aware UTC datetimes.
+
+There is no Alembic yet: ``create_schema`` issues ``CREATE … IF NOT EXISTS`` for every table and
+index (under an advisory lock on PostgreSQL, so processes starting together do not race). When
+Alembic arrives, its first revision is this schema and existing databases are stamped at it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.types import TypeDecorator
+
+__all__ = ["SCHEMA_LOCK_KEY", "UTCDateTime", "create_schema", "ledger_entries", "metadata"]
+
+SCHEMA_LOCK_KEY = 0x7469_6572_6761_7465
+"""``pg_advisory_xact_lock`` key held while creating the schema (ASCII "tiergate")."""
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware datetimes in, aware UTC datetimes out, on every backend. Naive values are refused."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value!r}: the ledger stores aware UTC times")
+        utc = value.astimezone(UTC)
+        # SQLite keeps no offset: store the UTC wall time so text order is time order.
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+_JSON = JSON().with_variant(JSONB(), "postgresql")
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+ledger_entries = Table(
+    "ledger_entries",
+    metadata,
+    Column("request_id", String, primary_key=True),
+    Column("tenant", String, nullable=False),
+    Column("principal", String, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("outcome", String, nullable=False),
+    Column("status_code", Integer, nullable=False),
+    Column("requested_model", String, nullable=False, default=""),
+    Column("tier", String),
+    Column("deployment", String),
+    Column("rule", String),
+    Column("score", Float),
+    Column("stream", Boolean, nullable=False, default=False),
+    Column("app", String),
+    Column("tags", _JSON, nullable=False, comment="JSON array of strings"),
+    Column("prompt_tokens", BigInteger, nullable=False, default=0),
+    Column("completion_tokens", BigInteger, nullable=False, default=0),
+    Column("cost_micro_usd", BigInteger),
+    Column("baseline_micro_usd", BigInteger),
+    Column("price_known", Boolean, nullable=False),
+    Column("latency_ms", Float, nullable=False, default=0.0),
+    Column("ttft_ms", Float),
+    Column("queue_ms", Float),
+    Column("attempts", _JSON, nullable=False, comment="JSON array of Attempt.to_dict() objects"),
+    Index(None, "tenant", "created_at"),
+    Index(None, "created_at"),
+)
+
+
+async def create_schema(conn: AsyncConnection) -> None:
+    """Create every table and index that is missing; safe to run from several processes at once."""
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+    for table in metadata.sorted_tables:
+        await conn.execute(CreateTable(table, if_not_exists=True))
+        for index in sorted(table.indexes, key=_index_name):
+            await conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+def _index_name(index: Index) -> str:
+    return str(index.name)
