@@ -84,11 +84,6 @@ def build_policies(settings: Settings) -> dict[str, TenantPolicy]:
     }
 
 
-def _baselines(settings: Settings) -> dict[str, str | None]:
-    first_large = next((d.model for d in settings.deployments if d.tier.value == "large"), None)
-    return {name: t.baseline_model or first_large for name, t in settings.tenants.items()}
-
-
 def _redis_client(url: str, *, socket_timeout: float | None) -> aioredis.Redis:
     # Fail fast: a lost Redis must become a 503 within a second, not a retry loop.
     return aioredis.Redis.from_url(
@@ -188,7 +183,8 @@ async def open_services(
                 {dep.model: _make_backends(dep, session) for dep in settings.deployments}
             )
             stack.push_async_callback(pool.aclose)
-            executor = Executor(pool, prices, catalog, _baselines(settings))
+            baselines = {name: prices.baseline_model(t) for name, t in settings.tenants.items()}
+            executor = Executor(pool, prices, catalog, baselines)
             worker = Worker(
                 redis=redis,
                 blocking_redis=blocking,

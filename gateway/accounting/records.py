@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -96,6 +97,10 @@ class Ledger(Protocol):
     entry for an id wins, and a repeat returns ``False``."""
 
     async def record(self, entry: LedgerEntry) -> bool: ...
+
+    async def record_many(self, entries: Sequence[LedgerEntry]) -> frozenset[str]:
+        """Book a batch in one transaction; returns the ids that were new."""
+        ...
 
     async def get(self, request_id: str, *, tenant: str | None = None) -> LedgerEntry | None: ...
 

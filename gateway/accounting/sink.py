@@ -11,7 +11,7 @@ from redis.exceptions import RedisError, ResponseError
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.events import decode_entry
-from gateway.accounting.records import Ledger
+from gateway.accounting.records import Ledger, LedgerEntry
 
 __all__ = ["LedgerSink"]
 
@@ -99,21 +99,23 @@ class LedgerSink:
                 backoff = min(backoff * 2, 2.0)
 
     async def _write(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
-        written = 0
-        done: list[bytes] = []
+        """Book a batch in one transaction, then acknowledge it. A replayed entry is not booked
+        twice (the ledger is idempotent by request id); a malformed one is logged and dropped."""
+        decoded: list[LedgerEntry] = []
         for entry_id, fields in entries:
             try:
                 entry = decode_entry(fields[b"e"])
+                if entry.created_at.tzinfo is None:
+                    raise ValueError("created_at has no timezone")
             except (KeyError, ValueError, TypeError) as exc:
                 log.error("dropping malformed ledger event %s: %s", entry_id, exc)
-                done.append(entry_id)
                 continue
-            await self._ledger.record(entry)  # idempotent: a replay is not booked twice
-            written += 1
-            done.append(entry_id)
-        if done:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.xack(self._stream, self._group, *done)
-                pipe.xdel(self._stream, *done)
-                await pipe.execute()
-        return written
+            decoded.append(entry)
+        if decoded:
+            await self._ledger.record_many(decoded)
+        ids = [entry_id for entry_id, _fields in entries]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.xack(self._stream, self._group, *ids)
+            pipe.xdel(self._stream, *ids)
+            await pipe.execute()
+        return len(decoded)

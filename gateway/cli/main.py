@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from gateway.auth.keys import MissingKeys
-from gateway.cli import ledger_cmd, up_cmd
+from gateway.cli import demo_cmd, ledger_cmd, up_cmd
 from gateway.settings import Settings, load_settings
 
 __all__ = ["app", "main"]
@@ -19,6 +19,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(ledger_cmd.ledger_app, name="ledger")
 app.command("report")(ledger_cmd.report)
 app.command("up")(up_cmd.up)
+app.command("demo")(demo_cmd.demo)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file", exists=True)]
 

@@ -224,22 +224,24 @@ class Executor:
         )
 
     def _costs(self, job: Job, run: _Run) -> tuple[int | None, int | None, bool]:
-        cost = Decimal(0)
-        baseline = Decimal(0)
-        known = True
+        """Cost and baseline of every attempt that produced tokens, in micro-dollars; ``None``
+        where a price is unknown (flagged, never booked as zero)."""
+        cost: Decimal | None = Decimal(0)
+        baseline: Decimal | None = Decimal(0)
         baseline_model = self._baselines.get(job.tenant)
         for attempt in run.attempts:
             if not (attempt.prompt_tokens or attempt.completion_tokens):
                 continue
             usage = Usage(attempt.prompt_tokens, attempt.completion_tokens)
             price = self._prices.cost(attempt.deployment, usage)
-            if price is None:
-                known = False
-            else:
-                cost += price
-            base = self._prices.cost(baseline_model, usage) if baseline_model else price
-            baseline += base if base is not None else Decimal(0)
-        return (to_micro(cost) if known else None), to_micro(baseline), known
+            base = self._prices.cost(baseline_model, usage) if baseline_model else None
+            cost = None if cost is None or price is None else cost + price
+            baseline = None if baseline is None or base is None else baseline + base
+        return (
+            None if cost is None else to_micro(cost),
+            None if baseline is None else to_micro(baseline),
+            cost is not None,
+        )
 
     def _route_meta(self, run: _Run) -> dict[str, Any]:
         spec = self._catalog.get(run.deployment) if run.deployment else None

@@ -1,0 +1,46 @@
+# tiergate — two commands: `make demo` and `make test`. Both set everything up first.
+# They use the active virtual environment if there is one, else create .venv/.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+ifdef VIRTUAL_ENV
+VENV := $(VIRTUAL_ENV)
+else
+VENV := .venv
+endif
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tiergate-installed
+
+.PHONY: setup demo test test-slow check lint typecheck format bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/tiergate demo --config deploy/config.example.yaml
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+check: lint typecheck
+
+test: check
+	$(BIN)/python -m pytest -m "not slow" -q
+
+test-slow: setup
+	$(BIN)/python -m pytest -m slow -q
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf var/ .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,134 @@
+"""Helpers for tests that run real processes: free ports, simulators, the gateway."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "Proc",
+    "free_port",
+    "gateway_config",
+    "start_gateway",
+    "start_sim",
+    "wait_http",
+]
+
+TEST_KEYS = {
+    "TIERGATE_KEY_ACME": "test-key-acme-7f3a",
+    "TIERGATE_KEY_GLOBEX": "test-key-globex-91bc",
+    "TIERGATE_KEY_INITECH": "test-key-initech-44d0",
+    "TIERGATE_ADMIN_KEY": "test-key-admin-0e11",
+    "TIERGATE_FINANCE_KEY": "test-key-finance-5a2c",
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, timeout_s: float = 30.0, *, status: int = 200) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == status:
+                    return True
+        except urllib.error.HTTPError as exc:
+            if exc.code == status:
+                return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    return False
+
+
+class Proc:
+    """A child process whose output goes to a log file (shown when a test fails to start it)."""
+
+    def __init__(self, args: list[str], log: Path, env: Mapping[str, str] | None = None) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        full_env = {**os.environ, **(env or {})}
+        self.popen = subprocess.Popen(args, stdout=self._out, stderr=subprocess.STDOUT, env=full_env)
+
+    def output(self) -> str:
+        self._out.flush()
+        return self.log.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._out.close()
+        return self.popen.returncode
+
+
+def _tiergate(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gateway.cli", *args]
+
+
+def start_sim(
+    profile: str, port: int, workdir: Path, *, time_scale: float = 0.05
+) -> tuple[Proc, Path]:
+    usage = workdir / f"usage-{profile}.jsonl"
+    proc = Proc(
+        _tiergate(
+            "sim", "--profile", profile, "--port", str(port),
+            "--time-scale", str(time_scale), "--usage-log", str(usage),
+        ),
+        workdir / f"sim-{profile}.log",
+    )  # fmt: skip
+    if not wait_http(f"http://127.0.0.1:{port}/health", 30):
+        raise RuntimeError(f"simulator {profile} did not start:\n{proc.output()}")
+    return proc, usage
+
+
+def gateway_config(
+    *,
+    workdir: Path,
+    redis_url: str,
+    prefix: str,
+    database_url: str,
+    sim_ports: Mapping[str, int],
+    port: int,
+    admin_port: int,
+    **extra: Any,
+) -> Path:
+    """A config like deploy/config.example.yaml, on the given ports and stores."""
+    example = Path(__file__).resolve().parents[1] / "deploy" / "config.example.yaml"
+    config = yaml.safe_load(example.read_text())
+    config["server"] = {"host": "127.0.0.1", "port": port, "admin_port": admin_port}
+    config["redis"] = {"url": redis_url, "key_prefix": prefix}
+    config["database"] = {"url": database_url}
+    config.pop("simulators", None)
+    for dep in config["deployments"]:
+        sim_port = sim_ports[dep["model"]]
+        suffix = "/v1" if dep["provider"] == "litellm" else ""
+        dep["replicas"][0]["url"] = f"http://127.0.0.1:{sim_port}{suffix}"
+    for key, value in extra.items():
+        config[key] = value
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_gateway(config: Path, workdir: Path, *extra_args: str, name: str = "gateway") -> Proc:
+    proc = Proc(_tiergate("serve", "--config", str(config), *extra_args), workdir / f"{name}.log", TEST_KEYS)
+    return proc
