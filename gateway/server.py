@@ -9,6 +9,7 @@ import signal
 from collections.abc import Generator, Sequence
 
 import uvicorn
+from fastapi import FastAPI
 
 from gateway.app import create_admin_app, create_app
 from gateway.services import open_services
@@ -48,7 +49,7 @@ async def _run_servers(servers: Sequence[uvicorn.Server]) -> None:
             loop.remove_signal_handler(sig)
 
 
-def _uvicorn_config(app: object, host: str, port: int) -> uvicorn.Config:
+def _uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
@@ -65,7 +66,9 @@ def _uvicorn_config(app: object, host: str, port: int) -> uvicorn.Config:
 async def serve(settings: Settings, *, dev: bool, workers: bool) -> None:
     async with open_services(settings, dev=dev, workers=workers) as services:
         public = _Server(
-            _uvicorn_config(create_app(services=services), settings.server.host, settings.server.port)
+            _uvicorn_config(
+                create_app(services=services), settings.server.host, settings.server.port
+            )
         )
         admin = _Server(
             _uvicorn_config(

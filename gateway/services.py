@@ -16,6 +16,7 @@ import aiohttp
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from router.model_file import load_classifier
 
 from backends.protocol import Backend
 from gateway.accounting.ledger import SqlLedger
@@ -34,7 +35,6 @@ from gateway.queue.worker import Worker
 from gateway.settings import DeploymentSettings, Settings, read_secret
 from router.catalog import Catalog, DeploymentSpec, TenantPolicy
 from router.classifier import Classifier
-from router.model_file import load_classifier
 
 __all__ = ["Services", "build_catalog", "build_policies", "open_services"]
 
@@ -95,9 +95,7 @@ def _redis_client(url: str, *, socket_timeout: float | None) -> aioredis.Redis:
     )
 
 
-def _make_backends(
-    dep: DeploymentSettings, session: aiohttp.ClientSession
-) -> list[Replica]:
+def _make_backends(dep: DeploymentSettings, session: aiohttp.ClientSession) -> list[Replica]:
     api_key = read_secret(dep.api_key_env) if dep.api_key_env else None
     replicas: list[Replica] = []
     if dep.provider == "vllm":

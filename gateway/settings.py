@@ -56,12 +56,13 @@ class RedisSettings(_Strict):
     url: str | None = None
     """``None``: start an embedded Redis (local ``redis-server`` binary)."""
     key_prefix: str = "tg"
-    """Every key tiergate writes starts with ``{prefix}:``; tests isolate themselves with their own."""
+    """Every key tiergate writes starts with ``{prefix}:`` (tests isolate themselves this way)."""
 
 
 class DatabaseSettings(_Strict):
     url: str = "sqlite+aiosqlite:///var/tiergate.db"
-    """SQLAlchemy async URL: ``sqlite+aiosqlite:///…`` or ``postgresql+asyncpg://…``."""
+    """SQLAlchemy async URL: ``sqlite+aiosqlite:///…`` or
+    ``postgresql+asyncpg://…``."""
 
 
 class PriceSettings(_Strict):
@@ -78,12 +79,14 @@ class ReplicaSettings(_Strict):
 
 class DeploymentSettings(_Strict):
     model: str
-    """Model id clients may ask for, and the id sent to the backend (vLLM ``--served-model-name``)."""
+    """Model id clients may ask for, and the id sent to the backend
+    (vLLM ``--served-model-name``)."""
     tier: Tier
     provider: Literal["vllm", "litellm"] = "vllm"
     max_model_len: int = Field(default=8192, ge=1)
     replicas: tuple[ReplicaSettings, ...] = ()
-    """vLLM replicas. For ``litellm`` deployments, one replica's URL is the ``api_base`` (optional)."""
+    """vLLM replicas. For ``litellm`` deployments, one replica's URL is the ``api_base``
+    (optional)."""
     litellm_model: str | None = None
     """litellm's model string (e.g. ``openai/gpt-4o-mini``); defaults to ``model``."""
     api_key_env: str | None = None
@@ -116,7 +119,8 @@ class TenantSettings(_Strict):
     allowed_models: tuple[str, ...] | None = None
     threshold: float = Field(default=0.5, ge=0.0, le=1.0)
     baseline_model: str | None = None
-    """Deployment whose prices define the ledger's baseline cost; default: first large deployment."""
+    """Deployment whose prices define the ledger's baseline cost; default: the first large
+    deployment."""
     priority: Literal["interactive", "standard", "batch"] = "standard"
 
 
@@ -135,12 +139,13 @@ class LimitsSettings(_Strict):
     max_prompt_tokens: int = Field(default=200_000, ge=1)
     max_output_tokens: int = Field(default=32_768, ge=1)
     default_max_tokens: int = Field(default=512, ge=1)
-    """Output budget assumed for context-fit checks and reservations when the client sets none."""
+    """Output budget assumed for context-fit checks and reservations when the client sets
+    none."""
 
 
 class RouterSettings(_Strict):
     model_path: Path | None = None
-    """skops file of the complexity classifier; ``None`` uses the one shipped in ``router/models``."""
+    """skops file of the complexity classifier; ``None``: the one shipped in ``router/models``."""
 
 
 class SimulatorSettings(_Strict):

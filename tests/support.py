@@ -62,7 +62,9 @@ class Proc:
         self.log = log
         self._out = log.open("wb")
         full_env = {**os.environ, **(env or {})}
-        self.popen = subprocess.Popen(args, stdout=self._out, stderr=subprocess.STDOUT, env=full_env)
+        self.popen = subprocess.Popen(
+            args, stdout=self._out, stderr=subprocess.STDOUT, env=full_env
+        )
 
     def output(self) -> str:
         self._out.flush()
@@ -130,5 +132,7 @@ def gateway_config(
 
 
 def start_gateway(config: Path, workdir: Path, *extra_args: str, name: str = "gateway") -> Proc:
-    proc = Proc(_tiergate("serve", "--config", str(config), *extra_args), workdir / f"{name}.log", TEST_KEYS)
+    proc = Proc(
+        _tiergate("serve", "--config", str(config), *extra_args), workdir / f"{name}.log", TEST_KEYS
+    )
     return proc

@@ -12,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.events import decode_entry
 from gateway.accounting.records import Ledger, LedgerEntry
+from gateway.queue.streams import StreamEntry, stream_entries
 
 __all__ = ["LedgerSink"]
 
@@ -60,7 +61,7 @@ class LedgerSink:
                 response = await self._redis.xreadgroup(
                     self._group, self._consumer, {self._stream: start}, count=256
                 )
-                entries = [e for _k, batch in response or () for e in batch]
+                entries = stream_entries(response)
                 if not entries:
                     break
                 written += await self._write(entries)
@@ -85,7 +86,7 @@ class LedgerSink:
                 response = await self._blocking.xreadgroup(
                     self._group, self._consumer, {self._stream: start}, count=256, block=1000
                 )
-                entries = [e for _k, batch in response or () for e in batch]
+                entries = stream_entries(response)
                 if pending_first and not entries:
                     pending_first = False
                     continue
@@ -98,7 +99,7 @@ class LedgerSink:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
-    async def _write(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
+    async def _write(self, entries: list[StreamEntry]) -> int:
         """Book a batch in one transaction, then acknowledge it. A replayed entry is not booked
         twice (the ledger is idempotent by request id); a malformed one is logged and dropped."""
         decoded: list[LedgerEntry] = []

@@ -57,7 +57,9 @@ def admit(raw: bytes, headers: dict[str, str], limits: LimitsSettings) -> Admitt
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise InvalidRequest(
+            f"request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object", code="invalid_json")
     try:

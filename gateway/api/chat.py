@@ -83,7 +83,9 @@ async def chat_completions(
     except RelayedError as relayed:
         raise relayed.error from None
     except GatewayError as error:
-        await _book(services, request_id, principal, received_at, error, requested_model, plan, stream)
+        await _book(
+            services, request_id, principal, received_at, error, requested_model, plan, stream
+        )
         raise
 
 

@@ -44,7 +44,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 404:
-        return error_response(request, ModelNotFound(f"no route {request.url.path}", code="not_found"))
+        return error_response(
+            request, ModelNotFound(f"no route {request.url.path}", code="not_found")
+        )
     error = GatewayError(str(exc.detail), code=f"http_{exc.status_code}")
     error.status = exc.status_code
     error.type = "invalid_request_error" if exc.status_code < 500 else "api_error"

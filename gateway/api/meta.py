@@ -49,7 +49,8 @@ class RequestMeta:
                 timeout_ms = -1
             if timeout_ms <= 0:
                 raise InvalidRequest(
-                    "x-tiergate-timeout-ms must be a positive integer", param="x-tiergate-timeout-ms"
+                    "x-tiergate-timeout-ms must be a positive integer",
+                    param="x-tiergate-timeout-ms",
                 )
         tags = tuple(t.strip() for t in values.get("tags", "").split(",") if t.strip())
         return cls(

@@ -49,7 +49,9 @@ class RelayContext:
 
     def overhead_ms(self, meta: Mapping[str, Any]) -> float:
         total_ms = (time.perf_counter() - self.started) * 1000
-        return max(total_ms - float(meta.get("queue_ms", 0.0)) - float(meta.get("backend_ms", 0.0)), 0.0)
+        return max(
+            total_ms - float(meta.get("queue_ms", 0.0)) - float(meta.get("backend_ms", 0.0)), 0.0
+        )
 
     def x_tiergate(self, meta: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -66,7 +68,9 @@ class RelayContext:
         metrics = self.services.metrics
         tier = str(meta.get("tier") or "none")
         metrics.requests.labels(tier, outcome).inc()
-        metrics.latency.labels(tier, str(stream).lower()).observe(time.perf_counter() - self.started)
+        metrics.latency.labels(tier, str(stream).lower()).observe(
+            time.perf_counter() - self.started
+        )
         metrics.overhead.observe(self.overhead_ms(meta) / 1000)
         metrics.queue_wait.labels(tier).observe(float(meta.get("queue_ms", 0.0)) / 1000)
         metrics.tokens.labels(tier, "prompt").inc(int(meta.get("prompt_tokens", 0)))
@@ -116,55 +120,71 @@ def _is_final_candidate(chunk: Mapping[str, Any]) -> bool:
     return not choices or any(c.get("finish_reason") for c in choices)
 
 
-async def sse_response(
-    ctx: RelayContext, first: Reply, replies: AsyncIterator[Reply]
-) -> Response:
+class _StreamRelay:
+    """Chunks pass straight through, except the final-candidate chunk (``finish_reason`` set, or
+    the usage chunk), which is held until the worker's ``end`` event brings cost and overhead."""
+
+    def __init__(self, ctx: RelayContext, route: Mapping[str, Any]) -> None:
+        self.ctx = ctx
+        self.route = route
+        self.held: dict[str, Any] | None = None
+        self.finished = False
+
+    def _flush(self, extra: dict[str, Any] | None = None) -> list[bytes]:
+        if self.held is None:
+            return []
+        held = {**self.held, **extra} if extra else self.held
+        self.held = None
+        return [_event(held)]
+
+    def on_reply(self, reply: Reply) -> list[bytes]:
+        if reply.kind == "chunk":
+            chunk = reply.data
+            if not chunk.get("choices") and "usage" in chunk and not self.ctx.wants_usage:
+                return []  # usage was asked for billing only
+            if _is_final_candidate(chunk):
+                out = self._flush()
+                self.held = chunk
+                return out
+            return [_event(chunk)]
+        self.finished = True
+        if reply.kind == "end":
+            meta = {**self.route, **reply.meta}
+            self.ctx.observe(meta, "ok", stream=True)
+            return [*self._flush({"x_tiergate": self.ctx.x_tiergate(meta)}), _DONE]
+        return [*self._flush(), _stream_error(self.ctx, self.route, reply.data, reply.meta)]
+
+    def on_failure(self, error: GatewayError) -> list[bytes]:
+        self.finished = True
+        return [*self._flush(), _stream_error(self.ctx, self.route, error.body(), {})]
+
+
+async def sse_response(ctx: RelayContext, first: Reply, replies: AsyncIterator[Reply]) -> Response:
     """``first`` is the stream's first reply (already awaited, so headers are known)."""
     if first.kind == "error":
         raise RelayedError(_error_from_reply(first))
-    route = first.meta
+    relay = _StreamRelay(ctx, first.meta)
 
     async def body() -> AsyncIterator[bytes]:
-        held: dict[str, Any] | None = None
-        reply: Reply | None = first
         try:
-            while reply is not None:
-                if reply.kind == "chunk":
-                    chunk = reply.data
-                    is_usage = not chunk.get("choices") and "usage" in chunk
-                    if is_usage and not ctx.wants_usage:
-                        pass  # usage was asked for billing only
-                    elif _is_final_candidate(chunk):
-                        if held is not None:
-                            yield _event(held)
-                        held = chunk
-                    else:
-                        yield _event(chunk)
-                elif reply.kind == "end":
-                    meta = {**route, **reply.meta}
-                    if held is not None:
-                        held = {**held, "x_tiergate": ctx.x_tiergate(meta)}
-                        yield _event(held)
-                        held = None
-                    ctx.observe(meta, "ok", stream=True)
-                    yield _DONE
+            for event in relay.on_reply(first):
+                yield event
+            async for reply in replies:
+                for event in relay.on_reply(reply):
+                    yield event
+                if relay.finished:
                     return
-                elif reply.kind == "error":
-                    if held is not None:
-                        yield _event(held)
-                        held = None
-                    yield _stream_error(ctx, route, reply.data, reply.meta)
-                    return
-                reply = await anext(replies, None)
             # The reply channel ended without an end event: say so, never end cleanly.
-            yield _stream_error(ctx, route, UpstreamFailed("the stream ended unexpectedly").body(), {})
+            for event in relay.on_failure(UpstreamFailed("the stream ended unexpectedly")):
+                yield event
         except GatewayError as exc:
-            yield _stream_error(ctx, route, exc.body(), {})
+            for event in relay.on_failure(exc):
+                yield event
 
     return StreamingResponse(
         body(),
         media_type="text/event-stream",
-        headers={**ctx.headers(route), "cache-control": "no-cache"},
+        headers={**ctx.headers(first.meta), "cache-control": "no-cache"},
     )
 
 

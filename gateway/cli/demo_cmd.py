@@ -44,7 +44,8 @@ def _tenant_key(settings: Settings, tenant: str) -> str:
     spec = settings.tenants[tenant]
     key = os.environ.get(spec.key_env) or spec.dev_key
     if key is None:
-        raise typer.Exit(f"no key for tenant {tenant}: set {spec.key_env}")
+        typer.echo(f"no key for tenant {tenant}: set {spec.key_env}", err=True)
+        raise typer.Exit(2)
     return key
 
 
@@ -70,7 +71,9 @@ async def _send(settings: Settings, base_url: str, item: DemoRequest) -> _Result
                 )
                 headers = raw.headers
         except openai.APIError as exc:
-            return _Result(item, "", "-", "-", "-", (time.perf_counter() - started) * 1000, str(exc))
+            return _Result(
+                item, "", "-", "-", "-", (time.perf_counter() - started) * 1000, str(exc)
+            )
     return _Result(
         request=item,
         request_id=headers.get("x-request-id", ""),
@@ -114,7 +117,17 @@ def _money(amount: Decimal | None) -> str:
 
 def _print(console: Console, results: list[_Result], entries: dict[str, LedgerEntry]) -> None:
     table = Table(title="tiergate demo: one row per request", show_lines=False)
-    for column in ("tenant", "prompt", "stream", "tier", "why", "model", "tokens in/out", "cost", "latency"):
+    for column in (
+        "tenant",
+        "prompt",
+        "stream",
+        "tier",
+        "why",
+        "model",
+        "tokens in/out",
+        "cost",
+        "latency",
+    ):
         table.add_column(column, overflow="fold" if column == "prompt" else "ellipsis")
     for result in results:
         entry = entries.get(result.request_id)
@@ -151,7 +164,9 @@ def _print(console: Console, results: list[_Result], entries: dict[str, LedgerEn
         saved = baseline - cost
         share = f" ({saved / baseline:.0%})" if baseline else ""
         summary.add_row(tenant, str(count), _money(cost), _money(baseline), _money(saved) + share)
-    summary.add_row("all", str(len(entries)), _money(grand[0]), _money(grand[1]), _money(grand[1] - grand[0]))
+    summary.add_row(
+        "all", str(len(entries)), _money(grand[0]), _money(grand[1]), _money(grand[1] - grand[0])
+    )
     console.print(summary)
 
 
@@ -168,7 +183,9 @@ def demo(
     settings = load_settings(config, database={"url": database_url})
     env = {**os.environ, "TIERGATE_DATABASE__URL": database_url}
     base = f"http://{settings.server.host}:{settings.server.port}"
-    console.print(f"[bold]starting[/] simulators, Redis and the gateway ({base}); logs in {run_dir}/")
+    console.print(
+        f"[bold]starting[/] simulators, Redis and the gateway ({base}); logs in {run_dir}/"
+    )
     with (run_dir / "stack.log").open("wb") as log:
         stack = subprocess.Popen(  # noqa: S603
             [sys.executable, "-m", "gateway.cli", "up", "--config", str(config)],
@@ -178,7 +195,9 @@ def demo(
         )
         try:
             if not wait_http_ok(f"{base}/readyz", 90):
-                console.print(f"[red]the stack did not become ready; see {run_dir / 'stack.log'}[/]")
+                console.print(
+                    f"[red]the stack did not become ready; see {run_dir / 'stack.log'}[/]"
+                )
                 raise typer.Exit(1)
             console.print(f"sending {len(DEMO_TRAFFIC)} requests from 3 tenants …")
             results = asyncio.run(_traffic(settings, f"{base}/v1"))

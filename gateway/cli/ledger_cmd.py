@@ -26,10 +26,14 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", exists=True, help="YA
 def report(
     config: ConfigOpt,
     tenant: Annotated[str | None, typer.Option(help="tenant (all tenants when omitted)")] = None,
-    format: Annotated[Literal["table", "csv", "json"], typer.Option(help="output format")] = "table",  # noqa: A002
+    format: Annotated[
+        Literal["table", "csv", "json"], typer.Option(help="output format")
+    ] = "table",
     since: Annotated[str | None, typer.Option("--from", help="first day, YYYY-MM-DD")] = None,
     until: Annotated[str | None, typer.Option("--to", help="last day, YYYY-MM-DD")] = None,
-    group_by: Annotated[str, typer.Option(help="comma-separated: day,model,tier,tenant")] = "day,model",
+    group_by: Annotated[
+        str, typer.Option(help="comma-separated: day,model,tier,tenant")
+    ] = "day,model",
 ) -> None:
     """Cost per tenant, summed by day and model (or other groups)."""
     settings = load_settings(config)

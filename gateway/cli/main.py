@@ -102,5 +102,3 @@ def sim(
 
 def main() -> None:
     app()
-
-

@@ -76,7 +76,9 @@ def up(
         for sim, proc in zip(settings.simulators, procs, strict=True):
             if not wait_http_ok(f"http://{sim.host}:{sim.port}/health", 30):
                 code = proc.poll()
-                typer.echo(f"simulator {sim.profile} on port {sim.port} did not start ({code})", err=True)
+                typer.echo(
+                    f"simulator {sim.profile} on port {sim.port} did not start ({code})", err=True
+                )
                 raise typer.Exit(1)
         _run_async(serve(settings, dev=True, workers=True))
     finally:

@@ -19,7 +19,7 @@ from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.replies import ReplyRouter
 
-__all__ = ["Dispatcher", "EDGE_CLAIM"]
+__all__ = ["EDGE_CLAIM", "Dispatcher"]
 
 EDGE_CLAIM = "edge"
 _RUNNING_GRACE_S = 5.0
@@ -79,7 +79,9 @@ class Dispatcher:
                     item = await asyncio.wait_for(queue.get(), timeout)
                 except TimeoutError:
                     if claimed_by_worker:
-                        raise DeadlineExceeded("the backend did not finish before the deadline") from None
+                        raise DeadlineExceeded(
+                            "the backend did not finish before the deadline"
+                        ) from None
                     if await self._claim_for_edge(job.request_id):
                         raise DeadlineExceeded(
                             "the request could not start before its deadline"

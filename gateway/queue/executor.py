@@ -81,7 +81,9 @@ class Executor:
     async def run(self, job: Job, emit: Emit) -> LedgerEntry:
         run = _Run(job=job, picked_at=time.time())
         if run.picked_at >= job.deadline:
-            error: GatewayError = DeadlineExceeded("the request could not start before its deadline")
+            error: GatewayError = DeadlineExceeded(
+                "the request could not start before its deadline"
+            )
             await emit(Reply(job.request_id, "error", error.body(), {"status": error.status}))
             return self._entry(run, error.outcome, error.status)
         if job.stream:
@@ -186,11 +188,15 @@ class Executor:
             return UpstreamFailed("no deployment of the route plan is available", attempts=attempts)
         last = run.attempts[-1]
         if last.outcome == "rejected":
-            return InvalidRequest(f"the model rejected the request: {last.error}", code="backend_rejected")
+            return InvalidRequest(
+                f"the model rejected the request: {last.error}", code="backend_rejected"
+            )
         if time.time() >= run.job.deadline:
             return DeadlineExceeded("the request did not finish before its deadline")
         tried = ", ".join(f"{a.deployment}: {a.outcome}" for a in run.attempts)
-        return UpstreamFailed(f"every deployment of the route plan failed ({tried})", attempts=attempts)
+        return UpstreamFailed(
+            f"every deployment of the route plan failed ({tried})", attempts=attempts
+        )
 
     def _entry(self, run: _Run, outcome: str, status: int) -> LedgerEntry:
         job = run.job

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
+from redis.typing import EncodableT, FieldT
 
 from router.plan import RoutePlan
 
@@ -89,7 +90,7 @@ class Reply:
     data: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def fields(self) -> dict[str, bytes | str]:
+    def fields(self) -> dict[FieldT, EncodableT]:
         payload: dict[str, Any] = {"d": self.data}
         if self.meta:
             payload["m"] = self.meta

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import ServiceUnavailable
 from gateway.queue.jobs import Reply
+from gateway.queue.streams import stream_entries
 
 __all__ = ["ReplyRouter"]
 
@@ -70,14 +71,14 @@ class ReplyRouter:
                 continue
             self.healthy = True
             backoff = 0.05
-            for _key, entries in response or ():
-                for entry_id, fields in entries:
-                    self._last_id = entry_id
-                    self._deliver(fields)
-                if entries:
-                    # Entries are consumed once; trimming what was read keeps the stream short.
-                    with contextlib.suppress(RedisError, OSError):
-                        await self._redis.xtrim(self._key, minid=self._last_id, approximate=True)
+            entries = stream_entries(response)
+            for entry_id, fields in entries:
+                self._last_id = entry_id
+                self._deliver(fields)
+            if entries:
+                # Entries are consumed once; trimming what was read keeps the stream short.
+                with contextlib.suppress(RedisError, OSError):
+                    await self._redis.xtrim(self._key, minid=self._last_id, approximate=True)
 
     def _deliver(self, fields: dict[bytes, bytes]) -> None:
         try:

@@ -20,6 +20,7 @@ from gateway.accounting.writer import LedgerWriter
 from gateway.queue.executor import Emit, Executor
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
+from gateway.queue.streams import stream_entries
 
 __all__ = ["Worker"]
 
@@ -108,7 +109,7 @@ class Worker:
                 backoff = min(backoff * 2, 1.0)
                 continue
             backoff = 0.05
-            entries = [e for _key, batch in response or () for e in batch]
+            entries = stream_entries(response)
             if not entries:
                 free.release()
                 continue

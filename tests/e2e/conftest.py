@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support import TEST_KEYS, Proc, free_port, gateway_config, start_gateway, start_sim, wait_http
+from tests.support import (
+    TEST_KEYS,
+    Proc,
+    free_port,
+    gateway_config,
+    start_gateway,
+    start_sim,
+    wait_http,
+)
 
 PROFILES = ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq", "gpt-4o-mini")
 

@@ -1,4 +1,4 @@
-"""Every refusal: its status, its OpenAI-shaped body, its ledger row; and the gateway keeps serving."""
+"""Every refusal: its status, its OpenAI-shaped body, its ledger row; the gateway keeps serving."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from tests.e2e.ledger import wait_entry
 HELLO = [{"role": "user", "content": "hello"}]
 
 
-def post(stack: Stack, *, key: str | None, content: bytes | None = None, body: Any = None) -> httpx.Response:
+def post(
+    stack: Stack, *, key: str | None, content: bytes | None = None, body: Any = None
+) -> httpx.Response:
     headers = {"content-type": "application/json"}
     if key is not None:
         headers["authorization"] = f"Bearer {key}"
@@ -44,7 +46,12 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
         ({"model": "auto"}, None, 400, "invalid_request"),
         ({"model": "auto", "messages": []}, None, 400, "invalid_request"),
         ({"model": "auto", "messages": "hi"}, None, 400, "invalid_request"),
-        ({"model": "auto", "messages": [{"role": "wizard", "content": "x"}]}, None, 400, "invalid_request"),
+        (
+            {"model": "auto", "messages": [{"role": "wizard", "content": "x"}]},
+            None,
+            400,
+            "invalid_request",
+        ),
         ({"model": "auto", "messages": HELLO, "temperature": "hot"}, None, 400, "invalid_request"),
         ({"model": "auto", "messages": HELLO, "n": 2}, None, 400, "invalid_request"),
         ({"model": "auto", "messages": HELLO, "max_tokens": 10**9}, None, 400, "invalid_request"),
@@ -65,8 +72,14 @@ async def test_bad_requests_are_refused_and_booked(
 
 
 def test_missing_and_invalid_keys(stack: Stack) -> None:
-    assert_error(post(stack, key=None, body={"model": "auto", "messages": HELLO}), 401, "missing_api_key")
-    assert_error(post(stack, key="sk-wrong", body={"model": "auto", "messages": HELLO}), 401, "invalid_api_key")
+    assert_error(
+        post(stack, key=None, body={"model": "auto", "messages": HELLO}), 401, "missing_api_key"
+    )
+    assert_error(
+        post(stack, key="sk-wrong", body={"model": "auto", "messages": HELLO}),
+        401,
+        "invalid_api_key",
+    )
 
 
 @pytest.mark.parametrize("model", ["external", "gpt-4o-mini"])
@@ -88,7 +101,9 @@ async def test_context_too_long_for_every_allowed_deployment(
 ) -> None:
     words = ("lorem ipsum dolor sit amet " * (chars // 27 + 1))[:chars]
     response = post(
-        stack, key=stack.key(tenant), body={"model": "auto", "messages": [{"role": "user", "content": words}]}
+        stack,
+        key=stack.key(tenant),
+        body={"model": "auto", "messages": [{"role": "user", "content": words}]},
     )
     assert_error(response, 400, "context_length_exceeded")
 
@@ -104,7 +119,9 @@ async def test_still_serving_after_the_errors(stack: Stack) -> None:
 def test_non_tenant_principal_cannot_call_models(stack: Stack) -> None:
     from tests.support import TEST_KEYS
 
-    response = post(stack, key=TEST_KEYS["TIERGATE_FINANCE_KEY"], body={"model": "auto", "messages": HELLO})
+    response = post(
+        stack, key=TEST_KEYS["TIERGATE_FINANCE_KEY"], body={"model": "auto", "messages": HELLO}
+    )
     assert_error(response, 403, "permission_denied")
 
 
