@@ -16,7 +16,9 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "TEST_KEYS",
     "Proc",
+    "RedisServer",
     "free_port",
     "gateway_config",
     "start_gateway",
@@ -113,13 +115,15 @@ def gateway_config(
     admin_port: int,
     **extra: Any,
 ) -> Path:
-    """A config like deploy/config.example.yaml, on the given ports and stores."""
+    """A config like deploy/config.example.yaml, on the given ports and stores, with only the
+    deployments that have a simulator in ``sim_ports``."""
     example = Path(__file__).resolve().parents[1] / "deploy" / "config.example.yaml"
     config = yaml.safe_load(example.read_text())
     config["server"] = {"host": "127.0.0.1", "port": port, "admin_port": admin_port}
     config["redis"] = {"url": redis_url, "key_prefix": prefix}
     config["database"] = {"url": database_url}
     config.pop("simulators", None)
+    config["deployments"] = [d for d in config["deployments"] if d["model"] in sim_ports]
     for dep in config["deployments"]:
         sim_port = sim_ports[dep["model"]]
         suffix = "/v1" if dep["provider"] == "litellm" else ""
@@ -136,3 +140,44 @@ def start_gateway(config: Path, workdir: Path, *extra_args: str, name: str = "ga
         _tiergate("serve", "--config", str(config), *extra_args), workdir / f"{name}.log", TEST_KEYS
     )
     return proc
+
+
+class RedisServer:
+    """A redis-server of the test's own, on a free port, that the test may stop and restart."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import redis
+
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            raise RuntimeError("redis-server did not start")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None

@@ -1,0 +1,91 @@
+"""Redis stopped mid-run: clear 503s within a second, no hangs; Redis back: served again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.ledger import wait_entry
+from tests.support import (
+    TEST_KEYS,
+    Proc,
+    RedisServer,
+    free_port,
+    gateway_config,
+    start_gateway,
+    start_sim,
+    wait_http,
+)
+
+SMALL = "llama-3.1-8b-instruct"
+BODY = {"model": "small", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+HEADERS = {"authorization": f"Bearer {TEST_KEYS['TIERGATE_KEY_ACME']}"}
+
+
+@pytest.fixture
+def own_stack(tmp_path: Path) -> Iterator[tuple[RedisServer, str, str]]:
+    redis_server = RedisServer(tmp_path)
+    redis_server.start()
+    procs: list[Proc] = []
+    try:
+        sim_port = free_port()
+        sim, _usage = start_sim(SMALL, sim_port, tmp_path)
+        procs.append(sim)
+        port = free_port()
+        database_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+        config = gateway_config(
+            workdir=tmp_path,
+            redis_url=redis_server.url,
+            prefix="tgtest",
+            database_url=database_url,
+            sim_ports={SMALL: sim_port},
+            port=port,
+            admin_port=free_port(),
+        )
+        gateway = start_gateway(config, tmp_path)
+        procs.append(gateway)
+        if not wait_http(f"http://127.0.0.1:{port}/readyz", 60):
+            raise RuntimeError(gateway.output())
+        yield redis_server, f"http://127.0.0.1:{port}", database_url
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        redis_server.stop()
+
+
+async def test_redis_outage_and_recovery(own_stack: tuple[RedisServer, str, str]) -> None:
+    redis_server, base, database_url = own_stack
+    url = f"{base}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=10) as http:
+        assert await http.post(url, json=BODY, headers=HEADERS).status_code == 200
+
+        redis_server.stop()
+        for _ in range(5):
+            started = time.perf_counter()
+            response = await http.post(url, json=BODY, headers=HEADERS)
+            elapsed = time.perf_counter() - started
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "service_unavailable"
+            assert elapsed < 1.0, f"503 took {elapsed:.2f}s"
+        assert await http.get(f"{base}/readyz").status_code == 503
+        refused_id = response.headers["x-request-id"]
+
+        redis_server.start()
+        deadline = time.monotonic() + 15
+        status = 0
+        while time.monotonic() < deadline:
+            status = await http.post(url, json=BODY, headers=HEADERS).status_code
+            if status == 200:
+                break
+            await asyncio.sleep(0.2)
+        assert status == 200, "not served again after Redis came back"
+        assert await http.get(f"{base}/readyz").status_code == 200
+
+    # The refused request was booked even though Redis was down (straight to SQL).
+    entry = await wait_entry(database_url, refused_id)
+    assert entry.outcome == "service_unavailable" and entry.status_code == 503

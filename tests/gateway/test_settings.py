@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.settings import load_settings
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "config.example.yaml"
+
+
+def test_example_config_loads() -> None:
+    settings = load_settings(EXAMPLE)
+    assert set(settings.tenants) == {"acme", "globex", "initech"}
+    assert {d.model for d in settings.deployments} == {
+        "llama-3.1-8b-instruct",
+        "llama-3.1-70b-instruct-awq",
+        "gpt-4o-mini",
+    }
+    assert [s.port for s in settings.simulators] == [8101, 8102, 8103]
+    assert settings.server.admin_port == 9464
+
+
+def test_environment_wins_over_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_REDIS__URL", "redis://example.invalid:6379/3")
+    monkeypatch.setenv("TIERGATE_SERVER__PORT", "9999")
+    settings = load_settings(EXAMPLE)
+    assert settings.redis.url == "redis://example.invalid:6379/3"
+    assert settings.server.port == 9999
+
+
+@pytest.mark.parametrize(
+    "yaml_text",
+    [
+        "servr: {port: 1}\n",  # unknown top-level key
+        "server: {prot: 1}\n",  # unknown nested key
+        "tenants: {a: {key_env: K, threshold: 2}}\n",  # out of range
+        "deployments: [{model: auto, tier: small, replicas: [{url: 'http://x'}]}]\n",  # reserved id
+        "deployments: [{model: m, tier: small}]\n",  # vllm without replicas
+        "tenants: {a: {key_env: K, baseline_model: nope}}\n",  # unknown reference
+    ],
+)
+def test_bad_config_is_rejected(tmp_path: Path, yaml_text: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ValidationError):
+        load_settings(path)
