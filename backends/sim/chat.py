@@ -1,0 +1,300 @@
+"""``POST /v1/chat/completions``: validate, wait for a slot, then answer in JSON or SSE.
+
+Order of work for one request: read the JSON body; hold while a ``hang`` fault is on; answer
+with an injected error if a fault says so; validate (400), check the model (404) and the context
+window (400); then take an engine slot (FIFO; 503 when the waiting queue is capped and full) and
+answer at the profile's pace. Every outcome, errors included, is one usage-log line.
+
+Pacing: the first token is due ``ttft x time_scale`` after the slot is granted, each next one
+``itl x time_scale`` later. A stream sleeps only when the next token is more than 2 ms away, and
+writes every token that is due in one socket write, so at small time scales it sends bursts and at
+``time_scale=0`` the whole answer in one write with no sleep at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from backends.sim.answers import Answer, answer_pieces, continuation_pieces, finish
+from backends.sim.engine import QueueFull
+from backends.sim.errors import (
+    SimError,
+    context_length_exceeded,
+    error_response,
+    model_not_found,
+    overloaded,
+)
+from backends.sim.faults import Faults, fault_error
+from backends.sim.request import SimChatRequest, parse_chat_request
+from backends.sim.state import SIM_STATE, SimState
+from backends.sim.tokens import prompt_tokens
+from backends.sim.usage_log import UsageRecord
+from backends.sim.wire import DONE, ChunkEncoder, completion_body
+
+__all__ = ["chat_completions"]
+
+_MIN_SLEEP_S = 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    request_id: str
+    arrived: float
+    stream: bool
+    include_usage: bool
+    prompt_tokens: int
+    answer: Answer
+    faults: Faults
+
+    @property
+    def completion_id(self) -> str:
+        return f"chatcmpl-{self.request_id}"
+
+
+def _natural_pieces(state: SimState, req: SimChatRequest) -> tuple[str, ...]:
+    p = state.profile
+    lengths = {"min_tokens": p.min_output_tokens, "max_tokens": p.max_output_tokens}
+    if req.continue_final:
+        full = answer_pieces(req.messages[:-1], req.seed, **lengths)
+        rest = continuation_pieces(full, req.messages[-1].text)
+        if rest is not None:
+            return rest
+    return answer_pieces(req.messages, req.seed, **lengths)
+
+
+def _plan(state: SimState, body: Any, request_id: str, arrived: float, faults: Faults) -> _Job:
+    p = state.profile
+    req = parse_chat_request(body, supports_continuation=p.supports_continuation)
+    if req.model is not None and req.model != p.name:
+        raise model_not_found(p.flavor, req.model)
+    prompt = prompt_tokens(req.messages, continue_final=req.continue_final)
+    room = p.max_model_len - prompt
+    if (req.max_tokens is None and room < 1) or (req.max_tokens or 0) > room:
+        raise context_length_exceeded(
+            p.flavor, limit=p.max_model_len, prompt_tokens=prompt, max_tokens=req.max_tokens
+        )
+    limit = req.max_tokens if req.max_tokens is not None else room
+    answer = finish(_natural_pieces(state, req), stop=req.stop, limit=limit)
+    return _Job(request_id, arrived, req.stream, req.include_usage, prompt, answer, faults)
+
+
+def _log(state: SimState, job_or_id: _Job | str, stream: bool, status: int, **fields: Any) -> None:
+    request_id = job_or_id if isinstance(job_or_id, str) else job_or_id.request_id
+    state.usage.write(UsageRecord(request_id, state.profile.name, stream, status, **fields))
+
+
+def _drop(request: web.Request) -> web.StreamResponse:
+    """Close the connection without an answer."""
+    if request.transport is not None:
+        request.transport.abort()
+    return web.StreamResponse()
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[SIM_STATE]
+    arrived = asyncio.get_running_loop().time()
+    request_id = request.headers.get("x-request-id") or f"sim-{uuid.uuid4().hex}"
+    stream = False
+    try:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise SimError(400, f"The request body is not valid JSON: {exc}") from None
+        stream = isinstance(body, dict) and body.get("stream") is True
+        if state.faults.current.hang:
+            await state.faults.wait_released()
+            if state.faults.closing:
+                return _drop(request)
+        faults = state.faults.current
+        injected = fault_error(
+            faults, state.rng, flavor=state.profile.flavor, model=state.profile.name
+        )
+        if injected is not None:
+            raise injected
+        job = _plan(state, body, request_id, arrived, faults)
+    except SimError as err:
+        _log(state, request_id, stream, err.status, fault=err.fault)
+        response = error_response(state.profile.flavor, err)
+        response.headers["x-request-id"] = request_id
+        return response
+    if job.stream:
+        return await _stream(request, state, job)
+    return await _complete(request, state, job)
+
+
+def _queue_full(state: SimState, job: _Job) -> web.Response:
+    _log(state, job, job.stream, 503)
+    response = error_response(state.profile.flavor, overloaded(state.profile.flavor, 1.0))
+    response.headers["x-request-id"] = job.request_id
+    return response
+
+
+async def _complete(request: web.Request, state: SimState, job: _Job) -> web.StreamResponse:
+    loop = asyncio.get_running_loop()
+    engine, metrics, scale = state.engine, state.metrics, state.time_scale
+    pieces = job.answer.pieces
+    cut = job.faults.cut_after_tokens
+    cutting = cut is not None and cut < len(pieces)
+    generated = cut if cut is not None and cutting else len(pieces)
+    try:
+        async with engine.slot(job.prompt_tokens + len(pieces)):
+            admitted = loop.time()
+            metrics.prompt_tokens += job.prompt_tokens
+            ttft = engine.ttft_s(job.prompt_tokens) * scale + job.faults.slow_first_token_ms / 1e3
+            itl = engine.itl_s() * scale
+            delay = ttft + itl * max(0, generated - 1)
+            if delay > 0:
+                await asyncio.sleep(delay)
+    except QueueFull:
+        return _queue_full(state, job)
+    metrics.generation_tokens += generated
+    if generated:
+        metrics.ttft.observe(admitted - job.arrived + ttft)
+        metrics.itl.observe(itl, generated - 1)
+    metrics.e2e.observe(loop.time() - job.arrived)
+    body = completion_body(
+        completion_id=job.completion_id,
+        model=state.profile.name,
+        flavor=state.profile.flavor,
+        text="".join(pieces),
+        finish_reason=job.answer.finish_reason,
+        prompt_tokens=job.prompt_tokens,
+        completion_tokens=len(pieces),
+    )
+    usage = {"prompt_tokens": job.prompt_tokens, "completion_tokens": generated}
+    headers = {"x-request-id": job.request_id}
+    if cutting:
+        metrics.success["abort"] += 1
+        _log(state, job, False, 200, **usage, finish_reason="abort", fault="cut_after_tokens")
+        response = web.StreamResponse(headers=headers)
+        response.content_type = "application/json"
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        return _drop(request)
+    metrics.success[job.answer.finish_reason] += 1
+    _log(state, job, False, 200, **usage, finish_reason=job.answer.finish_reason)
+    return web.Response(body=body, content_type="application/json", headers=headers)
+
+
+class _Emitter:
+    """Buffers due SSE chunks and writes them in one go, keeping the metrics as it does."""
+
+    def __init__(self, response: web.StreamResponse, state: SimState, job: _Job) -> None:
+        self._response = response
+        self._state = state
+        self._job = job
+        self._buf: list[bytes] = []
+        self._pending = 0
+        self._itl_sum = 0.0
+        self._itl_count = 0
+        self.sent = 0
+        """Content tokens written to the socket."""
+
+    def add(self, chunk: bytes, *, tokens: int = 0, itl: float | None = None) -> None:
+        self._buf.append(chunk)
+        self._pending += tokens
+        if itl is not None:
+            self._itl_sum += itl
+            self._itl_count += 1
+
+    async def flush(self) -> None:
+        if not self._buf:
+            return
+        data = b"".join(self._buf)
+        self._buf.clear()
+        metrics = self._state.metrics
+        if self.sent == 0 and self._pending:
+            metrics.ttft.observe(asyncio.get_running_loop().time() - self._job.arrived)
+        if self._itl_count:
+            metrics.itl.observe(self._itl_sum / self._itl_count, self._itl_count)
+            self._itl_sum, self._itl_count = 0.0, 0
+        await self._response.write(data)
+        self.sent += self._pending
+        metrics.generation_tokens += self._pending
+        self._pending = 0
+
+
+async def _emit(emitter: _Emitter, state: SimState, job: _Job, count: int) -> None:
+    """Pace and write the role chunk and the first ``count`` content pieces."""
+    loop = asyncio.get_running_loop()
+    engine, scale = state.engine, state.time_scale
+    enc = ChunkEncoder(
+        completion_id=job.completion_id, model=state.profile.name, flavor=state.profile.flavor
+    )
+    pieces, reason = job.answer.pieces, job.answer.finish_reason
+    last = len(pieces) - 1 if count == len(pieces) else -1  # the piece that carries the reason
+    due = loop.time() + engine.ttft_s(job.prompt_tokens) * scale
+    due += job.faults.slow_first_token_ms / 1e3
+    for i in range(count):
+        itl = None
+        if i:
+            itl = engine.itl_s() * scale
+            due += itl
+        wait = due - loop.time()
+        if wait > _MIN_SLEEP_S:
+            await emitter.flush()
+            await asyncio.sleep(wait)
+        if i == 0:
+            emitter.add(enc.role())
+        emitter.add(enc.content(pieces[i], reason if i == last else None), tokens=1, itl=itl)
+    if not pieces:  # nothing left to say (a continuation of a complete answer)
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        emitter.add(enc.role())
+        emitter.add(enc.content("", reason))
+    if count < len(pieces):
+        if count == 0:
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            emitter.add(enc.role())
+        await emitter.flush()
+        return
+    if job.include_usage:
+        emitter.add(enc.usage(job.prompt_tokens, len(pieces)))
+    emitter.add(DONE)
+    await emitter.flush()
+
+
+async def _stream(request: web.Request, state: SimState, job: _Job) -> web.StreamResponse:
+    engine, metrics = state.engine, state.metrics
+    pieces = job.answer.pieces
+    cut = job.faults.cut_after_tokens
+    count = cut if cut is not None and cut < len(pieces) else len(pieces)
+    try:
+        engine.check_admission()
+    except QueueFull:
+        return _queue_full(state, job)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream; charset=utf-8",
+            "Cache-Control": "no-cache",
+            "x-request-id": job.request_id,
+        }
+    )
+    emitter = _Emitter(response, state, job)
+    finish_reason = job.answer.finish_reason
+    try:
+        await response.prepare(request)
+        async with engine.slot(job.prompt_tokens + len(pieces), bounded=False):
+            metrics.prompt_tokens += job.prompt_tokens
+            await _emit(emitter, state, job, count)
+    except ConnectionResetError:
+        finish_reason = "abort"  # the client went away
+    metrics.e2e.observe(asyncio.get_running_loop().time() - job.arrived)
+    usage = {"prompt_tokens": job.prompt_tokens, "completion_tokens": emitter.sent}
+    if count < len(pieces) and finish_reason != "abort":
+        metrics.success["abort"] += 1
+        _log(state, job, True, 200, **usage, finish_reason="abort", fault="cut_after_tokens")
+        return _drop(request)
+    metrics.success[finish_reason] += 1
+    _log(state, job, True, 200, **usage, finish_reason=finish_reason)
+    if finish_reason != "abort":
+        with contextlib.suppress(ConnectionResetError):  # the client left after [DONE]
+            await response.write_eof()
+    return response
