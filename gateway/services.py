@@ -14,9 +14,6 @@ from dataclasses import dataclass
 
 import aiohttp
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from router.model_file import load_classifier
 
 from backends.protocol import Backend
 from gateway.accounting.ledger import SqlLedger
@@ -26,6 +23,7 @@ from gateway.accounting.writer import LedgerWriter
 from gateway.auth.keys import KeyStore
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.metrics import Metrics
+from gateway.queue.connection import redis_client
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.executor import Executor
 from gateway.queue.keys import RedisKeys
@@ -35,6 +33,7 @@ from gateway.queue.worker import Worker
 from gateway.settings import DeploymentSettings, Settings, read_secret
 from router.catalog import Catalog, DeploymentSpec, TenantPolicy
 from router.classifier import Classifier
+from router.model_file import load_classifier
 
 __all__ = ["Services", "build_catalog", "build_policies", "open_services"]
 
@@ -82,17 +81,6 @@ def build_policies(settings: Settings) -> dict[str, TenantPolicy]:
         )
         for name, t in settings.tenants.items()
     }
-
-
-def _redis_client(url: str, *, socket_timeout: float | None) -> aioredis.Redis:
-    # Fail fast: a lost Redis must become a 503 within a second, not a retry loop.
-    return aioredis.Redis.from_url(
-        url,
-        socket_connect_timeout=0.5,
-        socket_timeout=socket_timeout,
-        retry=Retry(NoBackoff(), 0),
-        health_check_interval=0,
-    )
 
 
 def _make_backends(dep: DeploymentSettings, session: aiohttp.ClientSession) -> list[Replica]:
@@ -147,9 +135,9 @@ async def open_services(
             url = embedded.start()
             stack.callback(embedded.stop)
             log.info("started embedded redis-server at %s", url)
-        redis = _redis_client(url, socket_timeout=1.0)
+        redis = redis_client(url, socket_timeout=1.0)
         stack.push_async_callback(redis.aclose)
-        blocking = _redis_client(url, socket_timeout=5.0)
+        blocking = redis_client(url, socket_timeout=5.0)
         stack.push_async_callback(blocking.aclose)
         redis_keys = RedisKeys(settings.redis.key_prefix)
 

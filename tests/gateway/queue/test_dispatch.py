@@ -1,0 +1,165 @@
+"""The edge's side of the queue, against a real Redis: admission, deadlines, claims."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.accounting.records import LedgerEntry
+from gateway.errors import DeadlineExceeded, RateLimited, ServiceUnavailable
+from gateway.queue.connection import redis_client
+from gateway.queue.dispatcher import EDGE_CLAIM, Dispatcher
+from gateway.queue.executor import Executor
+from gateway.queue.jobs import Job, Reply
+from gateway.queue.keys import RedisKeys
+from gateway.queue.pool import BackendPool
+from gateway.queue.replies import ReplyRouter
+from gateway.queue.worker import Worker
+from router.catalog import Catalog, Tier
+from router.plan import RoutePlan
+
+
+class _NoPrices:
+    def cost(self, model: str, usage: object) -> None:
+        return None
+
+
+class _Collect:
+    """Stands in for the ledger writer: keeps what the worker books."""
+
+    def __init__(self) -> None:
+        self.entries: list[LedgerEntry] = []
+
+    async def write(self, entry: LedgerEntry) -> None:
+        self.entries.append(entry)
+
+
+@pytest.fixture
+async def redis_conn(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def _job(request_id: str, edge: str, *, timeout_s: float) -> Job:
+    now = time.time()
+    return Job(
+        request_id=request_id,
+        tenant="acme",
+        principal="acme",
+        reply_to=edge,
+        plan=RoutePlan(tier=Tier.SMALL, deployments=("m",), rule="pin:tier", reason="test"),
+        body={"messages": [{"role": "user", "content": "hi"}]},
+        stream=False,
+        enqueued_at=now,
+        deadline=now + timeout_s,
+        received_at=now,
+    )
+
+
+async def test_deadline_without_worker_is_504_and_the_edge_owns_it(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    keys = RedisKeys(key_prefix)
+    replies = ReplyRouter(redis_conn, keys.replies("e1"), block_ms=100)
+    replies.start()
+    try:
+        dispatcher = Dispatcher(redis_conn, keys, replies, max_depth=10, claim_ttl_s=60)
+        stream = await dispatcher.submit(_job("r1", "e1", timeout_s=0.3))
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            await anext(stream)
+        assert 0.25 < time.monotonic() - started < 1.5
+        assert await redis_conn.get(keys.claim("r1")) == EDGE_CLAIM.encode()
+
+        # A worker that comes later finds the job claimed: it neither runs nor books it.
+        booked = _Collect()
+        worker = Worker(
+            redis=redis_conn,
+            blocking_redis=redis_conn,
+            keys=keys,
+            executor=Executor(BackendPool({}), _NoPrices(), Catalog(()), {}),
+            ledger=booked,  # type: ignore[arg-type]
+            capacity={"small": 2},
+            worker_id="w1",
+            claim_ttl_s=60,
+        )
+        worker.start()
+        for _ in range(50):
+            if await redis_conn.xlen(keys.jobs("small")) == 0:
+                break
+            await asyncio.sleep(0.05)
+        await worker.aclose()
+        assert await redis_conn.xlen(keys.jobs("small")) == 0  # acked and deleted
+        assert booked.entries == []
+    finally:
+        await replies.aclose()
+
+
+async def test_worker_that_claims_first_answers_and_books(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    """No deployment of the plan is in the pool: the worker answers 502 and books it once."""
+    keys = RedisKeys(key_prefix)
+    replies = ReplyRouter(redis_conn, keys.replies("e2"), block_ms=100)
+    replies.start()
+    booked = _Collect()
+    worker = Worker(
+        redis=redis_conn,
+        blocking_redis=redis_conn,
+        keys=keys,
+        executor=Executor(BackendPool({}), _NoPrices(), Catalog(()), {}),
+        ledger=booked,  # type: ignore[arg-type]
+        capacity={"small": 2},
+        worker_id="w2",
+        claim_ttl_s=60,
+    )
+    worker.start()
+    try:
+        dispatcher = Dispatcher(redis_conn, keys, replies, max_depth=10, claim_ttl_s=60)
+        stream = await dispatcher.submit(_job("r2", "e2", timeout_s=5))
+        reply: Reply = await anext(stream)
+        assert reply.kind == "error"
+        assert reply.meta["status"] == 502
+        assert reply.data["error"]["code"] == "upstream_error"
+        await asyncio.sleep(0.1)
+        assert [e.request_id for e in booked.entries] == ["r2"]
+        assert booked.entries[0].outcome == "upstream_error"
+        assert await redis_conn.get(keys.claim("r2")) == b"w2"
+    finally:
+        await worker.aclose()
+        await replies.aclose()
+
+
+async def test_full_queue_is_429(redis_conn: aioredis.Redis, key_prefix: str) -> None:
+    keys = RedisKeys(key_prefix)
+    replies = ReplyRouter(redis_conn, keys.replies("e3"), block_ms=100)
+    replies.start()
+    try:
+        dispatcher = Dispatcher(redis_conn, keys, replies, max_depth=2, claim_ttl_s=60)
+        await dispatcher.submit(_job("a", "e3", timeout_s=5))
+        await dispatcher.submit(_job("b", "e3", timeout_s=5))
+        with pytest.raises(RateLimited) as info:
+            await dispatcher.submit(_job("c", "e3", timeout_s=5))
+        assert info.value.code == "queue_full"
+        assert info.value.retry_after is not None
+    finally:
+        await replies.aclose()
+
+
+async def test_unreachable_redis_is_503_fast(key_prefix: str) -> None:
+    from tests.support import free_port
+
+    client = redis_client(f"redis://127.0.0.1:{free_port()}/0")
+    keys = RedisKeys(key_prefix)
+    replies = ReplyRouter(client, keys.replies("e4"), block_ms=100)
+    dispatcher = Dispatcher(client, keys, replies, max_depth=2, claim_ttl_s=60)
+    started = time.monotonic()
+    with pytest.raises(ServiceUnavailable):
+        await dispatcher.submit(_job("x", "e4", timeout_s=5))
+    assert time.monotonic() - started < 1.0
+    await client.aclose()
