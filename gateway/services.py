@@ -109,6 +109,7 @@ def _make_backends(dep: DeploymentSettings, session: aiohttp.ClientSession) -> l
             api_base=api_base,
             api_key=api_key or ("sk-unused-local" if api_base else None),
             total_s=dep.timeout_s,
+            session=session,
         )
         replicas.append(Replica(backend, capacity))
     return replicas

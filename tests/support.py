@@ -24,6 +24,7 @@ __all__ = [
     "start_gateway",
     "start_sim",
     "wait_http",
+    "wait_ready",
 ]
 
 TEST_KEYS = {
@@ -124,6 +125,9 @@ def gateway_config(
     config["database"] = {"url": database_url}
     config.pop("simulators", None)
     config["deployments"] = [d for d in config["deployments"] if d["model"] in sim_ports]
+    for tenant in config["tenants"].values():
+        if tenant.get("baseline_model") not in sim_ports:
+            tenant.pop("baseline_model", None)
     for dep in config["deployments"]:
         sim_port = sim_ports[dep["model"]]
         suffix = "/v1" if dep["provider"] == "litellm" else ""
@@ -133,6 +137,17 @@ def gateway_config(
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def wait_ready(proc: Proc, url: str, timeout_s: float = 60.0) -> None:
+    """Wait for ``url`` to answer 200; fail at once, with the log, if the process exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.popen.returncode}:\n{proc.output()}")
+        if wait_http(url, 0.5):
+            return
+    raise RuntimeError(f"{url} not ready after {timeout_s}s:\n{proc.output()}")
 
 
 def start_gateway(config: Path, workdir: Path, *extra_args: str, name: str = "gateway") -> Proc:

@@ -17,7 +17,7 @@ from tests.support import (
     gateway_config,
     start_gateway,
     start_sim,
-    wait_http,
+    wait_ready,
 )
 
 PROFILES = ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq", "gpt-4o-mini")
@@ -62,8 +62,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
             admin_port=admin_port,
         )
         gateway = start_gateway(config, workdir)
-        if not wait_http(f"http://127.0.0.1:{port}/readyz", 60):
-            raise RuntimeError(f"gateway did not become ready:\n{gateway.output()}")
+        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
         yield Stack(
             base_url=f"http://127.0.0.1:{port}",
             admin_url=f"http://127.0.0.1:{admin_port}",

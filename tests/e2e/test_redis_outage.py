@@ -19,7 +19,7 @@ from tests.support import (
     gateway_config,
     start_gateway,
     start_sim,
-    wait_http,
+    wait_ready,
 )
 
 SMALL = "llama-3.1-8b-instruct"
@@ -49,8 +49,7 @@ def own_stack(tmp_path: Path) -> Iterator[tuple[RedisServer, str, str]]:
         )
         gateway = start_gateway(config, tmp_path)
         procs.append(gateway)
-        if not wait_http(f"http://127.0.0.1:{port}/readyz", 60):
-            raise RuntimeError(gateway.output())
+        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
         yield redis_server, f"http://127.0.0.1:{port}", database_url
     finally:
         for proc in reversed(procs):
@@ -62,7 +61,7 @@ async def test_redis_outage_and_recovery(own_stack: tuple[RedisServer, str, str]
     redis_server, base, database_url = own_stack
     url = f"{base}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=10) as http:
-        assert await http.post(url, json=BODY, headers=HEADERS).status_code == 200
+        assert (await http.post(url, json=BODY, headers=HEADERS)).status_code == 200
 
         redis_server.stop()
         for _ in range(5):
@@ -72,19 +71,19 @@ async def test_redis_outage_and_recovery(own_stack: tuple[RedisServer, str, str]
             assert response.status_code == 503, response.text
             assert response.json()["error"]["code"] == "service_unavailable"
             assert elapsed < 1.0, f"503 took {elapsed:.2f}s"
-        assert await http.get(f"{base}/readyz").status_code == 503
+        assert (await http.get(f"{base}/readyz")).status_code == 503
         refused_id = response.headers["x-request-id"]
 
         redis_server.start()
         deadline = time.monotonic() + 15
         status = 0
         while time.monotonic() < deadline:
-            status = await http.post(url, json=BODY, headers=HEADERS).status_code
+            status = (await http.post(url, json=BODY, headers=HEADERS)).status_code
             if status == 200:
                 break
             await asyncio.sleep(0.2)
         assert status == 200, "not served again after Redis came back"
-        assert await http.get(f"{base}/readyz").status_code == 200
+        assert (await http.get(f"{base}/readyz")).status_code == 200
 
     # The refused request was booked even though Redis was down (straight to SQL).
     entry = await wait_entry(database_url, refused_id)
