@@ -54,7 +54,7 @@ class TenantPolicy:
     threshold: float = 0.5
     """Classifier score at or above which ``model="auto"`` goes to the large tier."""
     allowed_models: frozenset[str] | None = None
-    """Deployments the tenant may name directly; ``None`` means every deployment of an allowed tier."""
+    """Deployments the tenant may name directly; ``None``: every deployment of an allowed tier."""
 
 
 @dataclass(frozen=True, slots=True)

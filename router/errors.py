@@ -1,9 +1,9 @@
 """Why the router could not make a plan.
 
-    RoutingError
-    ├── UnknownModel        the requested model is neither ``auto``, a tier nor a deployment
-    ├── ModelNotAllowed     the tenant may not use the requested model or tier
-    └── NoDeploymentFits    no allowed deployment's ``max_model_len`` holds the request
+RoutingError
+├── UnknownModel        the requested model is neither ``auto``, a tier nor a deployment
+├── ModelNotAllowed     the tenant may not use the requested model or tier
+└── NoDeploymentFits    no allowed deployment's ``max_model_len`` holds the request
 """
 
 from __future__ import annotations

@@ -1,0 +1,275 @@
+"""Prompt features: what the router knows about a request, computed once per request.
+
+Everything here runs on the request path, so it is a handful of regex passes and no more.
+Content flags (code, maths, options, script) describe the **last user message**, the text the
+classifier scores, and of a long message only its head and tail (``clip``), which bounds their
+cost; a system prompt full of formatting rules should not make every request look like code.
+Token counts cover every message, in full.
+
+``estimate_tokens`` is a cheap, deterministic estimate for context-fit checks, limits and
+reservations, never for billing (billing uses the backend's ``usage``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "HEAD_CHARS",
+    "MESSAGE_OVERHEAD_TOKENS",
+    "PROMPT_OVERHEAD_TOKENS",
+    "TAIL_CHARS",
+    "Message",
+    "PromptFeatures",
+    "clip",
+    "estimate_tokens",
+    "extract_text",
+    "message_text",
+]
+
+Message = Mapping[str, Any]
+"""One OpenAI chat message as decoded JSON: ``{"role": ..., "content": ...}``."""
+
+MESSAGE_OVERHEAD_TOKENS = 4
+"""Tokens a chat template adds around each message (role header, separators)."""
+PROMPT_OVERHEAD_TOKENS = 3
+"""Tokens added once per prompt (the assistant header the model continues from)."""
+HEAD_CHARS = 1_200
+TAIL_CHARS = 300
+"""Long messages are read as their first ``HEAD_CHARS`` and last ``TAIL_CHARS`` characters
+(see ``clip``), by the content flags here and by the classifier: it bounds the cost of both."""
+
+# Speed: Python's regex engine skips ahead quickly only to a literal first character; a
+# leading character class or an alternation is tried at every position. So each pattern
+# below starts with a literal where it can (line-start patterns match after "\n" on
+# "\n" + text), and the others run only when one of their trigger characters occurs.
+_CODE_MARKERS = ("```", "=>")
+_CODE_LINE = re.compile(
+    r"\n[ \t]*(?:def |class \w|import \w|from [\w.]+ import |#include|package \w|public "
+    r"|private |func |fn |function\b|const |let |var |return\b|SELECT |CREATE TABLE)"
+)
+_CODE_LINE_END = re.compile(r"[{};][ \t]*(?:\n|$)")
+_CODE_CALL = re.compile(r"\.[A-Za-z_]\w*\([^)\n]*\)")  # obj.method(...), after a word char
+_MATH_DOLLARS = re.compile(r"\$[^$\n]+\$")
+_MATH_LATEX = re.compile(
+    r"\\(?:frac|sqrt|int|sum|prod|lim|cdot|times|leq|geq|alpha|beta|theta|pi|infty|mathbb)\b"
+)
+_MATH_POWER = re.compile(r"\^\s*\(?\d")
+_MATH_OPERATORS = "+*/^\u00d7\u00f7=<>"  # no "-": dates, ranges and phone numbers
+_MATH_ARITHMETIC = re.compile(rf"\d\s*[{re.escape(_MATH_OPERATORS)}]\s*\(?\d")
+_MATH_SYMBOLS = re.compile(r"[\u2264\u2265\u2260\u00b1\u2211\u222b\u221a\u03c0\u221e\u2202]")
+_MATH_WORDS = (
+    "prove",
+    "integral",
+    "derivative",
+    "equation",
+    "theorem",
+    "lemma",
+    "probability",
+    "matrix",
+    "polynomial",
+    "eigenvalue",
+    "eigenvector",
+    "modulo",
+    "factorial",
+)
+_MATH_WORD = re.compile(rf"\b(?:{'|'.join(_MATH_WORDS)})(?:s|es|d|ed|n)?\b")
+_OPTION = re.compile(r"\n[ \t]*\(?([A-J])[.)][ \t]+\S")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
+_CYRILLIC = re.compile(r"[\u0400-\u04ff]+")
+_ARABIC = re.compile(r"[\u0600-\u06ff]+")
+_LATIN_EXTENDED = re.compile(r"[\u00c0-\u024f]+")
+_LETTERS = re.compile(r"[^\W\d_]+")
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
+_ASCII_NON_LETTERS = bytes(b for b in range(128) if not chr(b).isalpha())
+
+
+def clip(text: str) -> str:
+    """``text``, or its head and tail joined by an ellipsis line when it is longer than both."""
+    if len(text) <= HEAD_CHARS + TAIL_CHARS:
+        return text
+    return f"{text[:HEAD_CHARS]}\n…\n{text[-TAIL_CHARS:]}"
+
+
+def message_text(message: Message) -> str:
+    """The text of one message: a content string, or its ``text`` parts joined by newlines.
+
+    Non-text parts (images, audio) are ignored. An assistant message's tool calls contribute
+    their function names and arguments, since they are part of the prompt the model reads.
+    """
+    content = message.get("content")
+    pieces: list[str] = []
+    if isinstance(content, str):
+        pieces.append(content)
+    elif isinstance(content, Sequence):
+        pieces.extend(_text_parts(content))
+    tool_calls = message.get("tool_calls")
+    if isinstance(tool_calls, Sequence) and not isinstance(tool_calls, str):
+        pieces.extend(_tool_call_text(tool_calls))
+    return "\n".join(pieces)
+
+
+def _text_parts(parts: Iterable[Any]) -> Iterable[str]:
+    for part in parts:
+        if isinstance(part, Mapping) and part.get("type") == "text":
+            text = part.get("text")
+            if isinstance(text, str):
+                yield text
+        elif isinstance(part, str):
+            yield part
+
+
+def _tool_call_text(calls: Iterable[Any]) -> Iterable[str]:
+    for call in calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            yield f"{function.get('name', '')}({function.get('arguments', '')})"
+
+
+def extract_text(messages: Iterable[Message]) -> str:
+    """All messages' text, every role, in order, separated by blank lines (roles not included)."""
+    return "\n\n".join(text for text in map(message_text, messages) if text)
+
+
+def _text_tokens(text: str) -> int:
+    """~4 characters per token for ASCII text; non-ASCII characters count 3/4 token each.
+
+    Llama-3's tokenizer spends about one token per CJK character and one per two or three
+    Cyrillic characters, so plain chars/4 would badly underestimate those prompts.
+    """
+    if text.isascii():
+        return math.ceil(len(text) / 4)
+    non_ascii = len(text) - len(text.encode("ascii", "ignore"))
+    return math.ceil((len(text) - non_ascii) / 4 + non_ascii * 0.75)
+
+
+def estimate_tokens(text_or_messages: str | Iterable[Message]) -> int:
+    """A cheap, deterministic prompt-token estimate (context fit, limits; not billing).
+
+    A string is counted as bare text; a message list adds ``MESSAGE_OVERHEAD_TOKENS`` per
+    message and ``PROMPT_OVERHEAD_TOKENS`` once, as chat templates do.
+    """
+    if isinstance(text_or_messages, str):
+        return _text_tokens(text_or_messages)
+    total = PROMPT_OVERHEAD_TOKENS
+    for message in text_or_messages:
+        total += MESSAGE_OVERHEAD_TOKENS + _text_tokens(message_text(message))
+    return total
+
+
+def _any_of(chars: str, text: str) -> bool:
+    return any(char in text for char in chars)
+
+
+def _has_code(text: str) -> bool:
+    if any(marker in text for marker in _CODE_MARKERS) or _CODE_LINE.search("\n" + text):
+        return True
+    if _any_of("{};", text) and _CODE_LINE_END.search(text):
+        return True
+    return any(m.start() > 0 and text[m.start() - 1].isalnum() for m in _CODE_CALL.finditer(text))
+
+
+def _has_math(text: str) -> bool:
+    if _MATH_DOLLARS.search(text) or _MATH_LATEX.search(text) or _MATH_POWER.search(text):
+        return True
+    if _any_of(_MATH_OPERATORS, text) and _MATH_ARITHMETIC.search(text):
+        return True
+    if not text.isascii() and _MATH_SYMBOLS.search(text):
+        return True
+    lowered = text.lower()
+    return any(word in lowered for word in _MATH_WORDS) and bool(_MATH_WORD.search(lowered))
+
+
+def _count_options(text: str) -> int:
+    """Length of the run of option labels A., B., C., ... at line starts (0 if < 2)."""
+    letters = {match.group(1) for match in _OPTION.finditer("\n" + text)}
+    count = 0
+    for letter in "ABCDEFGHIJ":
+        if letter not in letters:
+            break
+        count += 1
+    return count if count >= 2 else 0
+
+
+def _script(text: str) -> str:
+    """``latin`` unless a non-Latin script makes up at least 30 % of the letters."""
+    if text.isascii():
+        return "latin" if _ASCII_LETTER.search(text) else "none"
+    ascii_letters = len(text.encode("ascii", "ignore").translate(None, _ASCII_NON_LETTERS))
+    non_ascii = "".join(_NON_ASCII.findall(text))
+    letters = ascii_letters + sum(map(len, _LETTERS.findall(non_ascii)))
+    if letters == 0:
+        return "none"
+    counts = {
+        "cjk": sum(map(len, _CJK.findall(non_ascii))),
+        "cyrillic": sum(map(len, _CYRILLIC.findall(non_ascii))),
+        "arabic": sum(map(len, _ARABIC.findall(non_ascii))),
+    }
+    latin = ascii_letters + sum(map(len, _LATIN_EXTENDED.findall(non_ascii)))
+    counts["other"] = max(0, letters - latin - sum(counts.values()))
+    name, top = max(counts.items(), key=lambda item: item[1])
+    return name if top >= 0.3 * letters else "latin"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptFeatures:
+    """What the router knows about one request's prompt. Build with ``from_messages``."""
+
+    last_user_text: str
+    """The last user message's text (the whole prompt when there is no user message)."""
+    text: str
+    """Every message's text, in order (see ``extract_text``)."""
+    estimated_prompt_tokens: int
+    n_messages: int
+    n_turns: int
+    """Number of user messages."""
+    has_system: bool
+    has_code: bool
+    has_math: bool
+    n_options: int
+    """Multiple-choice options (``A. …``, ``B. …``) in the last user message; 0 when none."""
+    script: str
+    """Dominant script of the last user message: latin, cjk, cyrillic, arabic, other, none."""
+
+    @property
+    def has_options(self) -> bool:
+        return self.n_options >= 2
+
+    @property
+    def chars(self) -> int:
+        """Length of the last user message in characters."""
+        return len(self.last_user_text)
+
+    @classmethod
+    def from_messages(cls, messages: Sequence[Message]) -> PromptFeatures:
+        texts = [message_text(message) for message in messages]
+        roles = [message.get("role") for message in messages]
+        user_texts = [text for text, role in zip(texts, roles, strict=True) if role == "user"]
+        text = "\n\n".join(t for t in texts if t)
+        last_user = user_texts[-1] if user_texts else text
+        tokens = PROMPT_OVERHEAD_TOKENS + sum(
+            MESSAGE_OVERHEAD_TOKENS + _text_tokens(t) for t in texts
+        )
+        scan = clip(last_user)
+        return cls(
+            last_user_text=last_user,
+            text=text,
+            estimated_prompt_tokens=tokens,
+            n_messages=len(messages),
+            n_turns=len(user_texts),
+            has_system=any(role in ("system", "developer") for role in roles),
+            has_code=_has_code(scan),
+            has_math=_has_math(scan),
+            n_options=_count_options(scan),
+            script=_script(scan),
+        )
+
+    @classmethod
+    def from_text(cls, text: str) -> PromptFeatures:
+        """Features of a single user message (training data, tests, ``route explain``)."""
+        return cls.from_messages([{"role": "user", "content": text}])

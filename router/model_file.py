@@ -1,0 +1,139 @@
+"""Reading and writing classifier model files (skops, never pickle). Start-up only.
+
+A model file is a skops archive of one dict::
+
+    {"format": "tiergate.complexity", "format_version": 1, "model_text_version": 1,
+     "sklearn_version": "1.9.1", "threshold": 0.42, ..., "pipeline": <Pipeline>}
+
+It is loaded with an explicit list of trusted types (``TRUSTED_TYPES``): a file that holds any
+other type is refused before anything in it is constructed. The scikit-learn version recorded
+at training time must match the installed one in major.minor; estimators are not guaranteed to
+survive other upgrades, so a mismatch is an error that says to retrain (``tiergate train``).
+
+    ModelFileError          unreadable, untrusted or malformed file
+    └── ModelVersionError   trained with another scikit-learn (major.minor) or model-text version
+"""
+
+from __future__ import annotations
+
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import sklearn
+import skops.io
+from sklearn.exceptions import InconsistentVersionWarning
+from skops.io.exceptions import UntrustedTypesFoundException
+
+from router.classifier import MODEL_TEXT_VERSION, SklearnClassifier
+
+__all__ = [
+    "DEFAULT_MODEL_PATH",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "TRUSTED_TYPES",
+    "ModelFileError",
+    "ModelVersionError",
+    "card_path",
+    "load_classifier",
+    "save_classifier",
+]
+
+FORMAT = "tiergate.complexity"
+FORMAT_VERSION = 1
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "models" / "complexity.skops"
+"""The model shipped in the package (``router/models/``; declared as package data)."""
+
+TRUSTED_TYPES = (
+    "builtins.dict",
+    "builtins.list",
+    "builtins.str",
+    "builtins.tuple",
+    "numpy.float64",
+    "numpy.ndarray",
+    "sklearn.feature_extraction.text.HashingVectorizer",
+    "sklearn.linear_model._logistic.LogisticRegression",
+    "sklearn.pipeline.FeatureUnion",
+    "sklearn.pipeline.Pipeline",
+)
+"""Every type the pipeline of ``router.training.pipeline`` is made of."""
+
+
+class ModelFileError(Exception):
+    """The model file cannot be used."""
+
+
+class ModelVersionError(ModelFileError):
+    """The model file was made for another scikit-learn or model-text version."""
+
+
+def card_path(model_path: Path) -> Path:
+    """The JSON card that sits beside a model file (``complexity.skops`` → ``complexity.json``)."""
+    return model_path.with_suffix(".json")
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def save_classifier(classifier: SklearnClassifier, path: Path) -> None:
+    """Write ``classifier`` (pipeline and metadata) to ``path``, recording library versions."""
+    data: dict[str, Any] = {
+        **classifier.metadata,
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model_text_version": MODEL_TEXT_VERSION,
+        "sklearn_version": sklearn.__version__,
+        "pipeline": classifier.pipeline,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    skops.io.dump(data, path, compression=zipfile.ZIP_DEFLATED, compresslevel=9)
+
+
+def _read(path: Path) -> Any:
+    try:
+        with warnings.catch_warnings():
+            # Patch-level differences are accepted; major.minor is checked below, clearly.
+            warnings.simplefilter("ignore", InconsistentVersionWarning)
+            return skops.io.load(path, trusted=list(TRUSTED_TYPES))
+    except UntrustedTypesFoundException as exc:
+        raise ModelFileError(f"{path}: refusing untrusted types in model file: {exc}") from exc
+    except FileNotFoundError as exc:
+        raise ModelFileError(f"{path}: model file not found") from exc
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as exc:
+        raise ModelFileError(f"{path}: cannot read model file: {exc}") from exc
+
+
+def _check(path: Path, data: Any) -> None:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ModelFileError(f"{path}: not a tiergate complexity model file")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise ModelVersionError(
+            f"{path}: model file format {data.get('format_version')!r}, "
+            f"this tiergate reads {FORMAT_VERSION}; retrain with `tiergate train`"
+        )
+    if data.get("model_text_version") != MODEL_TEXT_VERSION:
+        raise ModelVersionError(
+            f"{path}: model trained on model-text version {data.get('model_text_version')!r}, "
+            f"this tiergate builds version {MODEL_TEXT_VERSION}; retrain with `tiergate train`"
+        )
+    trained = str(data.get("sklearn_version", "unknown"))
+    if _major_minor(trained) != _major_minor(sklearn.__version__):
+        raise ModelVersionError(
+            f"{path}: model trained with scikit-learn {trained}, installed is "
+            f"{sklearn.__version__} (major.minor must match); retrain with `tiergate train` "
+            f"or install scikit-learn {'.'.join(_major_minor(trained))}.x"
+        )
+
+
+def load_classifier(path: Path | None = None) -> SklearnClassifier:
+    """Load a model file (``None``: the shipped one), checking types and versions."""
+    path = DEFAULT_MODEL_PATH if path is None else path
+    data = _read(path)
+    _check(path, data)
+    metadata = {key: value for key, value in data.items() if key != "pipeline"}
+    try:
+        return SklearnClassifier(data["pipeline"], metadata=metadata)
+    except (KeyError, ValueError) as exc:
+        raise ModelFileError(f"{path}: malformed model file: {exc}") from exc

@@ -1,0 +1,200 @@
+"""Validation metrics for a complexity classifier, and the default threshold.
+
+All numbers are computed on the validation split (``router.training.data.is_validation``):
+
+* ``mmlu_auc``: ROC AUC of the score against the strict target (8B wrong, 70B right) over every
+  MMLU-Pro validation row; ``mmlu_auc_excluding_both_wrong`` the same without the both-wrong
+  rows; ``mmlu_auc_weak_wrong`` against "8B wrong" alone.
+* ``everyday_vs_hard_auc``: everyday instructions (0) against arena-hard prompts (1).
+* ``routed``: MMLU-Pro accuracy when prompts scoring ≥ threshold go to 70B, next to all-8B,
+  all-70B and random routing with the same large share.
+* ``threshold``: the score at which ``target_large_share`` of the *mix* goes large; the mix
+  gives equal weight to four groups: everyday instructions, arena-hard, MMLU-Pro and GSM8K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+from router.classifier import SklearnClassifier, model_text
+from router.features import PromptFeatures
+from router.training.data import Row, group_key, is_validation, load_rows
+from router.training.labels import ARENA_HARD_SOURCES, EVERYDAY_SOURCES, needs_large
+
+__all__ = ["MIX_GROUPS", "EvalReport", "evaluate", "evaluate_rows", "mix_group", "split_rows"]
+
+MIX_GROUPS = ("everyday", "arena_hard", "mmlu_pro", "gsm8k")
+
+
+def mix_group(row: Row) -> str:
+    if row.source in EVERYDAY_SOURCES:
+        return "everyday"
+    if row.source in ARENA_HARD_SOURCES:
+        return "arena_hard"
+    if row.source == "gsm8k_train":
+        return "gsm8k"
+    return row.source
+
+
+def split_rows(rows: Sequence[Row], *, seed: int, fraction: float) -> tuple[list[Row], list[Row]]:
+    """(train, validation), grouped by normalised question text."""
+    train: list[Row] = []
+    validation: list[Row] = []
+    for row in rows:
+        side = is_validation(group_key(row.prompt), seed=seed, fraction=fraction)
+        (validation if side else train).append(row)
+    return train, validation
+
+
+@dataclass(frozen=True, slots=True)
+class EvalReport:
+    n_validation: dict[str, int]
+    mmlu_auc: float
+    mmlu_auc_excluding_both_wrong: float
+    mmlu_auc_weak_wrong: float
+    everyday_vs_hard_auc: float
+    gsm8k_mean_score_by_steps: dict[str, float]
+    score_quantiles: dict[str, dict[str, float]]
+    """Per mix group: the 10th, 50th and 90th percentile of the score."""
+    score_histogram: list[int]
+    """Validation rows of the mix per score decile [0, 0.1), …, [0.9, 1]."""
+    threshold: float
+    target_large_share: float
+    large_share: dict[str, float]
+    """Share at or above ``threshold``: per group and for the equal-weight ``mix``."""
+    routed: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _auc(labels: Sequence[bool], scores: Sequence[float]) -> float:
+    if len(set(labels)) < 2:
+        return float("nan")
+    return round(float(roc_auc_score(np.asarray(labels), np.asarray(scores))), 4)
+
+
+def choose_threshold(scores: Mapping[str, np.ndarray], share: float) -> float:
+    """The score at which ``share`` of the equal-weight mix of ``scores`` groups goes large."""
+    groups = [values for values in scores.values() if len(values)]
+    values = np.concatenate(groups)
+    weights = np.concatenate([np.full(len(g), 1.0 / (len(g) * len(groups))) for g in groups])
+    order = np.argsort(-values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    position = min(int(np.searchsorted(cumulative, share)), len(values) - 1)
+    return round(float(values[order][position]), 3)
+
+
+def _mix_share(scores: Mapping[str, np.ndarray], threshold: float) -> dict[str, float]:
+    shares = {name: float(np.mean(values >= threshold)) for name, values in scores.items()}
+    present = [shares[name] for name, values in scores.items() if len(values)]
+    shares["mix"] = float(np.mean(present)) if present else float("nan")
+    return {name: round(value, 4) for name, value in shares.items()}
+
+
+def _routed(rows: Sequence[Row], scores: np.ndarray, threshold: float) -> dict[str, float]:
+    weak = np.array([bool(row.weak_correct) for row in rows], dtype=float)
+    strong = np.array([bool(row.strong_correct) for row in rows], dtype=float)
+    large = scores >= threshold
+    share = float(np.mean(large))
+    routed = float(np.mean(np.where(large, strong, weak)))
+    random = float(np.mean(weak) + share * (np.mean(strong) - np.mean(weak)))
+    result = {
+        "large_share": share,
+        "accuracy": routed,
+        "accuracy_random_same_share": random,
+        "accuracy_all_small": float(np.mean(weak)),
+        "accuracy_all_large": float(np.mean(strong)),
+    }
+    return {name: round(value, 4) for name, value in result.items()}
+
+
+def evaluate_rows(
+    classifier: SklearnClassifier,
+    validation: Sequence[Row],
+    *,
+    target_large_share: float,
+    threshold: float | None = None,
+) -> EvalReport:
+    """Metrics over ``validation``; ``threshold=None`` chooses it for ``target_large_share``."""
+    texts = [model_text(PromptFeatures.from_text(row.prompt)) for row in validation]
+    scores = np.asarray(classifier.score_texts(texts)) if texts else np.zeros(0)
+    groups = np.array([mix_group(row) for row in validation])
+    by_group = {name: scores[groups == name] for name in MIX_GROUPS}
+    if threshold is None:
+        threshold = choose_threshold(by_group, target_large_share)
+
+    mmlu = [i for i, row in enumerate(validation) if row.source == "mmlu_pro"]
+    mmlu_rows = [validation[i] for i in mmlu]
+    mmlu_scores = scores[mmlu]
+    answered = [j for j, row in enumerate(mmlu_rows) if row.weak_correct or row.strong_correct]
+    contrast = [i for i, g in enumerate(groups) if g in ("everyday", "arena_hard")]
+    steps = np.array([row.solution_steps or 0 for row in validation])
+    gsm8k = {
+        str(n): round(float(np.mean(scores[(groups == "gsm8k") & (steps == n)])), 4)
+        for n in sorted(set(steps[groups == "gsm8k"].tolist()))
+    }
+    mix = scores[np.isin(groups, MIX_GROUPS)]
+    return EvalReport(
+        n_validation={name: len(values) for name, values in by_group.items()},
+        mmlu_auc=_auc([bool(needs_large(r)) for r in mmlu_rows], mmlu_scores.tolist()),
+        mmlu_auc_excluding_both_wrong=_auc(
+            [bool(needs_large(mmlu_rows[j])) for j in answered], mmlu_scores[answered].tolist()
+        ),
+        mmlu_auc_weak_wrong=_auc([not r.weak_correct for r in mmlu_rows], mmlu_scores.tolist()),
+        everyday_vs_hard_auc=_auc(
+            [groups[i] == "arena_hard" for i in contrast], scores[contrast].tolist()
+        ),
+        gsm8k_mean_score_by_steps=gsm8k,
+        score_quantiles={
+            name: {
+                q: round(float(np.quantile(values, float(q[1:]) / 100)), 4)
+                for q in ("p10", "p50", "p90")
+            }
+            for name, values in by_group.items()
+            if len(values)
+        },
+        score_histogram=np.histogram(mix, bins=10, range=(0.0, 1.0))[0].tolist(),
+        threshold=threshold,
+        target_large_share=target_large_share,
+        large_share=_mix_share(by_group, threshold),
+        routed=_routed(mmlu_rows, mmlu_scores, threshold) if mmlu_rows else {},
+    )
+
+
+def evaluate(
+    classifier: SklearnClassifier,
+    data_dir: Path,
+    *,
+    seed: int | None = None,
+    validation_fraction: float | None = None,
+    target_large_share: float | None = None,
+) -> EvalReport:
+    """Evaluate ``classifier`` on the validation split of ``data_dir``.
+
+    Arguments left ``None`` come from the model file's metadata (defaults: seed 0, a 20 %
+    validation split, a 40 % target share), so a shipped model is scored on the rows it was
+    not trained on; the threshold is the model's own when it records one.
+    """
+    meta = classifier.metadata
+    seed = int(meta.get("seed", 0)) if seed is None else seed
+    fraction = (
+        float(meta.get("validation_fraction", 0.2))
+        if validation_fraction is None
+        else validation_fraction
+    )
+    share = (
+        float(meta.get("target_large_share", 0.4))
+        if target_large_share is None
+        else target_large_share
+    )
+    _, validation = split_rows(load_rows(data_dir), seed=seed, fraction=fraction)
+    return evaluate_rows(
+        classifier, validation, target_large_share=share, threshold=classifier.threshold
+    )

@@ -1,0 +1,205 @@
+"""Training the complexity classifier: data → labels → pipeline → metrics → model file + card.
+
+Reproducible: the split is a keyed hash of each row's group, the solver is deterministic, and
+nothing depends on row order or the clock, so the same data and seed give the same model and
+the same metrics (the card's ``seconds`` aside).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sklearn
+import skops
+
+from router.classifier import MODEL_TEXT_VERSION, SklearnClassifier, model_text
+from router.features import PromptFeatures
+from router.model_file import card_path, save_classifier
+from router.training.data import DATA_FILES, Row, load_rows
+from router.training.evaluate import EvalReport, evaluate_rows, split_rows
+from router.training.labels import LabelScheme, Target, targets
+from router.training.pipeline import PipelineConfig, build_pipeline
+
+__all__ = ["STAGES", "Progress", "TrainConfig", "TrainReport", "train"]
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, completed, total)``: called as each stage starts, and with ``"done"``."""
+STAGES = ("load", "features", "fit", "evaluate", "save")
+CARD_NOTES = (
+    "Score = P(8B wrong and 70B right) as learnt from MMLU-Pro outcomes plus weak labels "
+    "(everyday instructions 0, arena-hard 0.7 / creative 0.5, GSM8K by step count); see "
+    "router/training/labels.py.",
+    "Not calibrated: use the threshold (chosen for target_large_share of an equal-weight mix "
+    "of everyday, arena-hard, MMLU-Pro and GSM8K validation prompts), not 0.5.",
+    "On MMLU-Pro's real outcomes the model is close to chance (see metrics.mmlu_auc and "
+    "metrics.routed); most of its separation comes from the weak labels, and with them the "
+    "style of their collections.",
+    "Metrics are on a validation split grouped by normalised question text (seed above).",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    labels: LabelScheme = field(default_factory=LabelScheme)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    validation_fraction: float = 0.2
+    target_large_share: float = 0.4
+    """Share of the everyday/hard mix the default threshold sends to the large tier."""
+    max_rows_per_source: int | None = None
+    """Subsample each source to at most this many rows (quick runs and tests)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainReport:
+    model_path: Path
+    card_path: Path
+    seed: int
+    n_train_rows: int
+    n_train_examples: int
+    """Weighted examples the model was fitted on (a soft label counts twice)."""
+    evaluation: EvalReport
+    model_bytes: int
+    seconds: float
+
+    @property
+    def threshold(self) -> float:
+        return self.evaluation.threshold
+
+
+def _subsample(rows: Sequence[Row], limit: int | None, seed: int) -> list[Row]:
+    if limit is None:
+        return list(rows)
+
+    def rank(row: Row) -> bytes:
+        return hashlib.blake2b(f"{seed}\x00{row.id}".encode(), digest_size=8).digest()
+
+    kept: set[str] = set()
+    for source in sorted({row.source for row in rows}):
+        of_source = sorted((row for row in rows if row.source == source), key=rank)
+        kept.update(row.id for row in of_source[:limit])
+    return [row for row in rows if row.id in kept]
+
+
+def _examples(labelled: Sequence[Target]) -> tuple[list[int], list[int], list[float]]:
+    """Soft labels as weighted hard ones: (row index, class, weight) columns."""
+    index: list[int] = []
+    classes: list[int] = []
+    weights: list[float] = []
+    for i, target in enumerate(labelled):
+        for cls, weight in ((1, target.weight * target.p), (0, target.weight * (1 - target.p))):
+            if weight > 0:
+                index.append(i)
+                classes.append(cls)
+                weights.append(weight)
+    return index, classes, weights
+
+
+def _vectorize(pipeline: Any, labelled: Sequence[Target]) -> Any:
+    """The feature matrix, one row per labelled row (the vectorizers are stateless)."""
+    texts = [model_text(PromptFeatures.from_text(t.row.prompt)) for t in labelled]
+    return pipeline.named_steps["features"].fit_transform(texts).tocsr()
+
+
+def _fit_model(pipeline: Any, matrix: Any, labelled: Sequence[Target]) -> None:
+    index, classes, weights = _examples(labelled)
+    pipeline.named_steps["model"].fit(
+        matrix[index], np.asarray(classes), sample_weight=np.asarray(weights)
+    )
+
+
+def _file_digests(data_dir: Path) -> dict[str, str]:
+    return {
+        name: hashlib.sha256((data_dir / name).read_bytes()).hexdigest()
+        for name in DATA_FILES
+        if (data_dir / name).is_file()
+    }
+
+
+def _card(report: TrainReport, config: TrainConfig, data_dir: Path) -> dict[str, Any]:
+    return {
+        "model": report.model_path.name,
+        "description": "P(Llama-3.1-8B answer not good enough while 70B's is), from prompt text",
+        "notes": list(CARD_NOTES),
+        "threshold": report.threshold,
+        "seed": report.seed,
+        "config": asdict(config),
+        "training": {
+            "rows": report.n_train_rows,
+            "examples": report.n_train_examples,
+            "seconds": report.seconds,
+            "data_sha256": _file_digests(data_dir),
+        },
+        "metrics": report.evaluation.to_dict(),
+        "versions": {
+            "model_text": MODEL_TEXT_VERSION,
+            "sklearn": sklearn.__version__,
+            "skops": skops.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
+        "model_bytes": report.model_bytes,
+    }
+
+
+def train(
+    data_dir: Path,
+    out: Path,
+    seed: int = 0,
+    progress: Progress | None = None,
+    *,
+    config: TrainConfig | None = None,
+) -> TrainReport:
+    """Train on ``data_dir``, write the model to ``out`` (``.skops``) and its card beside it.
+
+    The card (``out`` with suffix ``.json``) holds the threshold, metrics and versions.
+    """
+    config = config or TrainConfig()
+    started = time.perf_counter()
+
+    def step(stage: str) -> None:
+        if progress is not None:
+            done = STAGES.index(stage) if stage in STAGES else len(STAGES)
+            progress(stage, done, len(STAGES))
+
+    step("load")
+    rows = _subsample(load_rows(data_dir), config.max_rows_per_source, seed)
+    train_rows, validation = split_rows(rows, seed=seed, fraction=config.validation_fraction)
+    labelled = targets(train_rows, config.labels)
+    pipeline = build_pipeline(config.pipeline)
+    step("features")
+    matrix = _vectorize(pipeline, labelled)
+    step("fit")
+    _fit_model(pipeline, matrix, labelled)
+    classifier = SklearnClassifier(pipeline)
+    step("evaluate")
+    evaluation = evaluate_rows(classifier, validation, target_large_share=config.target_large_share)
+    classifier.metadata.update(
+        threshold=evaluation.threshold,
+        seed=seed,
+        validation_fraction=config.validation_fraction,
+        target_large_share=config.target_large_share,
+    )
+    step("save")
+    save_classifier(classifier, out)
+    report = TrainReport(
+        model_path=out,
+        card_path=card_path(out),
+        seed=seed,
+        n_train_rows=len(labelled),
+        n_train_examples=len(_examples(labelled)[0]),
+        evaluation=evaluation,
+        model_bytes=out.stat().st_size,
+        seconds=round(time.perf_counter() - started, 1),
+    )
+    card = _card(report, config, data_dir)
+    report.card_path.write_text(json.dumps(card, indent=2, sort_keys=False) + "\n", "utf-8")
+    step("done")
+    return report
