@@ -70,13 +70,13 @@ def build_catalog(settings: Settings) -> Catalog:
     )
 
 
-def build_policies(settings: Settings) -> dict[str, TenantPolicy]:
+def build_policies(settings: Settings, default_threshold: float) -> dict[str, TenantPolicy]:
     return {
         name: TenantPolicy(
             tenant=name,
             default_tier=t.default_tier,
             allowed_tiers=frozenset(t.allowed_tiers),
-            threshold=t.threshold,
+            threshold=default_threshold if t.threshold is None else t.threshold,
             allowed_models=None if t.allowed_models is None else frozenset(t.allowed_models),
         )
         for name, t in settings.tenants.items()
@@ -204,7 +204,7 @@ async def open_services(
             ledger_writer=writer,
             prices=prices,
             catalog=catalog,
-            policies=build_policies(settings),
+            policies=build_policies(settings, classifier.threshold),
             classifier=classifier,
             dispatcher=dispatcher,
             replies=replies,

@@ -117,7 +117,9 @@ class TenantSettings(_Strict):
     default_tier: Tier = Tier.SMALL
     allowed_tiers: tuple[Tier, ...] = (Tier.SMALL, Tier.LARGE, Tier.EXTERNAL)
     allowed_models: tuple[str, ...] | None = None
-    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Classifier score at or above which ``auto`` goes large; ``None``: the shipped model's
+    calibrated default (recorded in its model card)."""
     baseline_model: str | None = None
     """Deployment whose prices define the ledger's baseline cost; default: the first large
     deployment."""

@@ -128,7 +128,7 @@ def _print(console: Console, results: list[_Result], entries: dict[str, LedgerEn
         "cost",
         "latency",
     ):
-        table.add_column(column, overflow="fold" if column == "prompt" else "ellipsis")
+        table.add_column(column, no_wrap=True, overflow="ellipsis")
     for result in results:
         entry = entries.get(result.request_id)
         prompt = result.request.prompt.replace("\n", " ")
@@ -137,7 +137,7 @@ def _print(console: Console, results: list[_Result], entries: dict[str, LedgerEn
             why = f"{result.rule} (score {entry.score:.2f})"
         table.add_row(
             result.request.tenant,
-            prompt[:48] + ("…" if len(prompt) > 48 else ""),
+            prompt[:40] + ("…" if len(prompt) > 40 else ""),
             "yes" if result.request.stream else "no",
             result.tier,
             result.error or why,
@@ -176,7 +176,8 @@ def demo(
     ),
 ) -> None:
     """Start simulators, Redis and the gateway; send mixed traffic; print the cost table; stop."""
-    console = Console()
+    probe = Console()
+    console = probe if probe.is_terminal else Console(width=160)
     run_dir = Path("var") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     database_url = f"sqlite+aiosqlite:///{run_dir / 'ledger.db'}"

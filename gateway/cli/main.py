@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from gateway.auth.keys import MissingKeys
-from gateway.cli import demo_cmd, ledger_cmd, up_cmd
+from gateway.cli import demo_cmd, ledger_cmd, train_cmd, up_cmd
 from gateway.settings import Settings, load_settings
 
 __all__ = ["app", "main"]
@@ -20,6 +20,7 @@ app.add_typer(ledger_cmd.ledger_app, name="ledger")
 app.command("report")(ledger_cmd.report)
 app.command("up")(up_cmd.up)
 app.command("demo")(demo_cmd.demo)
+app.command("train")(train_cmd.train)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file", exists=True)]
 

@@ -1,0 +1,54 @@
+"""``tiergate train``: rebuild the shipped complexity classifier from the data in the repo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+__all__ = ["train"]
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def train(
+    data_dir: Annotated[Path, typer.Option(help="training data folder")] = _REPO
+    / "data"
+    / "routing",
+    out: Annotated[Path, typer.Option(help="model file to write (skops)")] = _REPO
+    / "router"
+    / "models"
+    / "complexity.skops",
+    seed: Annotated[int, typer.Option(help="random seed (same data + seed → same metrics)")] = 0,
+) -> None:
+    """Train the classifier; print its validation metrics; write the model and its card."""
+    from router.training import train as run_training
+
+    console = Console()
+    with Progress(
+        TextColumn("{task.description:<10}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        tasks: dict[str, TaskID] = {}
+
+        def report(stage: str, completed: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=max(total, 1))
+            progress.update(tasks[stage], completed=completed, total=max(total, 1))
+
+        result = run_training(data_dir, out, seed=seed, progress=report)
+    ev = result.evaluation
+    console.print(
+        f"wrote {result.model_path} ({result.model_bytes / 1e6:.2f} MB) and {result.card_path}"
+    )
+    console.print(
+        f"validation: MMLU-Pro AUC {ev.mmlu_auc:.3f} (8B wrong, 70B right), "
+        f"everyday-vs-hard AUC {ev.everyday_vs_hard_auc:.3f}; threshold {ev.threshold:.3f} "
+        f"sends {ev.large_share.get('mix', float('nan')):.0%} of the mix to the large tier"
+    )

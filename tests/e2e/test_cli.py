@@ -1,0 +1,134 @@
+"""The commands operators run: `tiergate up` (embedded Redis, simulators), `serve`'s key check,
+`report` and `ledger show`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.support import TEST_KEYS, Proc, free_port, wait_ready
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "config.example.yaml"
+KEY_VARS = tuple(TEST_KEYS)
+
+
+def _config_on_free_ports(tmp_path: Path) -> tuple[Path, dict[str, int]]:
+    config = yaml.safe_load(EXAMPLE.read_text())
+    ports = {"public": free_port(), "admin": free_port()}
+    config["server"] = {"host": "127.0.0.1", "port": ports["public"], "admin_port": ports["admin"]}
+    config["database"] = {"url": f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"}
+    by_port: dict[int, int] = {}
+    for sim in config["simulators"]:
+        by_port[sim["port"]] = sim["port"] = free_port()
+    for dep in config["deployments"]:
+        url: str = dep["replicas"][0]["url"]
+        old = int(url.split(":")[2].split("/")[0])
+        dep["replicas"][0]["url"] = url.replace(f":{old}", f":{by_port[old]}")
+    ports.update({f"sim{i}": p for i, p in enumerate(by_port.values())})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert "redis" not in config or not config["redis"].get("url")  # embedded Redis
+    return path, ports
+
+
+def _tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+def _closed(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_up_serves_then_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    config, ports = _config_on_free_ports(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in KEY_VARS}
+    # No key variables set: `up` runs with the documented development keys.
+    up = Proc(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "up",
+            "--config",
+            str(config),
+            "--time-scale",
+            "0.05",
+        ],
+        tmp_path / "up.log",
+        env={k: "" for k in KEY_VARS},
+    )
+    try:
+        started = time.monotonic()
+        wait_ready(up, f"http://127.0.0.1:{ports['public']}/readyz", 60)
+        assert time.monotonic() - started < 60
+        response = httpx.post(
+            f"http://127.0.0.1:{ports['public']}/v1/chat/completions",
+            headers={"authorization": "Bearer dev-acme"},
+            json={"model": "small", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        request_id = response.headers["x-request-id"]
+        metrics = httpx.get(f"http://127.0.0.1:{ports['admin']}/metrics", timeout=5)
+        assert "tiergate_requests_total" in metrics.text
+    finally:
+        up.popen.send_signal(signal.SIGTERM)
+        stopping = time.monotonic()
+        code = up.popen.wait(timeout=15)
+        stopped_in = time.monotonic() - stopping
+        up.stop()
+    assert stopped_in < 10, f"took {stopped_in:.1f}s to stop:\n{up.output()}"
+    assert code == 0, up.output()
+    assert all(_closed(port) for port in ports.values()), "something still listens"
+
+    # The ledger, read from the command line.
+    shown = _tiergate(
+        "ledger", "show", "--config", str(config), "--request-id", request_id, env=env
+    )
+    assert shown.returncode == 0, shown.stderr
+    row = json.loads(shown.stdout)
+    assert row["request_id"] == request_id and row["tenant"] == "acme" and row["outcome"] == "ok"
+    report = _tiergate(
+        "report", "--config", str(config), "--tenant", "acme", "--format", "json", env=env
+    )
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["totals"]["requests"] == 1
+    assert data["totals"]["prompt_tokens"] == row["prompt_tokens"]
+    other = _tiergate(
+        "report", "--config", str(config), "--tenant", "globex", "--format", "json", env=env
+    )
+    assert json.loads(other.stdout)["totals"]["requests"] == 0
+    csv = _tiergate(
+        "report", "--config", str(config), "--tenant", "acme", "--format", "csv", env=env
+    )
+    assert csv.returncode == 0 and "llama-3.1-8b-instruct" in csv.stdout
+    missing = _tiergate(
+        "ledger", "show", "--config", str(config), "--request-id", "req_nope", env=env
+    )
+    assert missing.returncode == 1
+
+
+def test_serve_refuses_unset_keys_without_dev(tmp_path: Path) -> None:
+    config, _ports = _config_on_free_ports(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in KEY_VARS}
+    result = _tiergate("serve", "--config", str(config), env=env)
+    assert result.returncode == 2
+    assert "TIERGATE_KEY_ACME" in result.stderr and "--dev" in result.stderr
