@@ -39,6 +39,9 @@ __all__ = ["Services", "build_catalog", "build_policies", "open_services"]
 
 log = logging.getLogger(__name__)
 
+_FALLBACK_THRESHOLD = 0.5
+"""For a model file that records no calibrated threshold."""
+
 
 @dataclass(frozen=True, slots=True)
 class Services:
@@ -204,7 +207,7 @@ async def open_services(
             ledger_writer=writer,
             prices=prices,
             catalog=catalog,
-            policies=build_policies(settings, classifier.threshold),
+            policies=build_policies(settings, classifier.threshold or _FALLBACK_THRESHOLD),
             classifier=classifier,
             dispatcher=dispatcher,
             replies=replies,
