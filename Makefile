@@ -24,8 +24,8 @@ demo: setup
 	$(BIN)/tiergate demo --config deploy/config.example.yaml
 
 lint: setup
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --no-cache --check .
 
 typecheck: setup
 	$(BIN)/mypy

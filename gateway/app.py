@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.api import chat, health, models
 from gateway.api.errors import install_error_handlers
+from gateway.auth.access import PUBLIC, access
 from gateway.services import Services, open_services
 from gateway.settings import Settings
 
@@ -59,7 +60,7 @@ def create_admin_app(services: Services) -> FastAPI:
     app = FastAPI(title="tiergate admin", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.services = services
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[access(PUBLIC)])
     async def metrics() -> Response:
         await _refresh_queue_depth(services)
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.api.admission import admit, read_body
 from gateway.api.booking import book_refusal
-from gateway.api.deps import PrincipalDep, ServicesDep
+from gateway.api.deps import ServicesDep
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
 from gateway.api.routing import plan_request
+from gateway.auth.access import AUTHENTICATED, access
 from gateway.auth.principals import Principal
 from gateway.errors import GatewayError, PermissionDenied
 from gateway.queue.jobs import Job
@@ -30,7 +32,7 @@ def new_request_id() -> str:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(
-    request: Request, services: ServicesDep, principal: PrincipalDep
+    request: Request, services: ServicesDep, principal: Annotated[Principal, access(AUTHENTICATED)]
 ) -> Response:
     started = time.perf_counter()
     received_at = time.time()

@@ -10,7 +10,7 @@ from gateway.auth.principals import Principal
 from gateway.errors import AuthenticationFailed
 from gateway.services import Services
 
-__all__ = ["PrincipalDep", "ServicesDep", "authenticate", "get_services"]
+__all__ = ["ServicesDep", "authenticate", "get_services"]
 
 
 def get_services(request: Request) -> Services:
@@ -38,4 +38,3 @@ def authenticate(request: Request) -> Principal:
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
-PrincipalDep = Annotated[Principal, Depends(authenticate)]

@@ -14,10 +14,11 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.api.deps import ServicesDep
+from gateway.auth.access import PUBLIC, access
 
 __all__ = ["router"]
 
-router = APIRouter()
+router = APIRouter(dependencies=[access(PUBLIC)])
 
 
 @router.get("/healthz")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 
-from gateway.api.deps import PrincipalDep, ServicesDep
+from gateway.api.deps import ServicesDep
+from gateway.auth.access import AUTHENTICATED, access
+from gateway.auth.principals import Principal
 from gateway.errors import PermissionDenied
 from router.catalog import Tier
 
@@ -16,7 +18,9 @@ router = APIRouter()
 
 
 @router.get("/v1/models")
-async def list_models(services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
+async def list_models(
+    services: ServicesDep, principal: Annotated[Principal, access(AUTHENTICATED)]
+) -> dict[str, Any]:
     tenant = principal.tenant
     if tenant is None or tenant not in services.policies:
         raise PermissionDenied(f"principal {principal.name!r} cannot call models")

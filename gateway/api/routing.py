@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from router.planner import decide
-
 from gateway.api.admission import Admitted
 from gateway.errors import ContextTooLong, GatewayError, ModelNotFound, PermissionDenied
 from gateway.services import Services
 from router.catalog import Signals
 from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, UnknownModel
 from router.plan import RoutePlan
+from router.planner import decide
 
 __all__ = ["plan_request", "routing_error"]
 
