@@ -1,4 +1,4 @@
-"""Cost reports: ledger sums grouped by day, model, tenant, tier, app, outcome or tag.
+"""Cost reports: ledger sums grouped by day, model, tenant, tier, rule, app, outcome or tag.
 
 Sums are exact: money is added as integer micro-dollars in SQL and turned into ``Decimal`` USD
 here. A row whose price is unknown adds its tokens and counts under ``unknown_price``; its cost is
@@ -55,7 +55,17 @@ __all__ = [
     "render_table",
 ]
 
-GROUP_KEYS = ("day", "tenant", "model", "requested_model", "tier", "app", "outcome", "tag")
+GROUP_KEYS = (
+    "day",
+    "tenant",
+    "model",
+    "requested_model",
+    "tier",
+    "rule",
+    "app",
+    "outcome",
+    "tag",
+)
 """What a report can group by. ``model`` is the deployment that answered."""
 
 GroupValue = date | str | None
@@ -65,6 +75,7 @@ _COLUMNS = {
     "model": ledger_entries.c.deployment,
     "requested_model": ledger_entries.c.requested_model,
     "tier": ledger_entries.c.tier,
+    "rule": ledger_entries.c.rule,
     "app": ledger_entries.c.app,
     "outcome": ledger_entries.c.outcome,
 }

@@ -1,0 +1,72 @@
+"""``GET /v1/reports/costs``: the cost report over HTTP (JSON or CSV).
+
+Scope is decided here, never by the caller's parameters alone: a tenant's key (``tenant:<name>``
+or ``rules:<name>``) always reads its own tenant — asking for another one is refused with 403, and
+grouping by ``tenant`` shows only itself; ``finance`` and ``admin`` keys read every tenant and may
+narrow to one with ``tenant=``.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+
+from gateway.accounting.reports import GROUP_KEYS, cost_report, render_csv, render_json
+from gateway.api.deps import ServicesDep
+from gateway.auth.access import ADMIN, FINANCE, TENANT, access
+from gateway.auth.principals import Principal
+from gateway.errors import InvalidRequest, PermissionDenied
+
+__all__ = ["report_scope", "router"]
+
+router = APIRouter()
+
+
+def report_scope(principal: Principal, requested: str | None) -> str | None:
+    """The tenant a report may cover: ``None`` means every tenant (finance and admin only)."""
+    if principal.is_admin or "finance" in principal.roles:
+        return requested
+    own = principal.tenant
+    if own is None:
+        raise PermissionDenied(f"principal {principal.name!r} may not read cost reports")
+    if requested is not None and requested != own:
+        raise PermissionDenied(f"principal {principal.name!r} may read only tenant {own!r}")
+    return own
+
+
+def parse_group_by(raw: str) -> tuple[str, ...]:
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    bad = [k for k in keys if k not in GROUP_KEYS]
+    if bad or len(set(keys)) != len(keys):
+        raise InvalidRequest(
+            f"group_by {raw!r}: use distinct keys of {', '.join(GROUP_KEYS)}", param="group_by"
+        )
+    return keys
+
+
+@router.get("/v1/reports/costs")
+async def costs(
+    services: ServicesDep,
+    principal: Annotated[Principal, access(TENANT, FINANCE, ADMIN)],
+    start: Annotated[date | None, Query(alias="from", description="first UTC day")] = None,
+    end: Annotated[date | None, Query(alias="to", description="last UTC day, inclusive")] = None,
+    group_by: Annotated[str, Query(description="comma-separated group keys")] = "day",
+    tenant: Annotated[str | None, Query(description="finance/admin: one tenant")] = None,
+    format: Annotated[Literal["json", "csv"], Query()] = "json",
+) -> Response:
+    scope = report_scope(principal, tenant)
+    keys = parse_group_by(group_by)
+    if start is not None and end is not None and end < start:
+        raise InvalidRequest("'to' is before 'from'", param="to")
+    report = await cost_report(services.ledger, tenant=scope, start=start, end=end, group_by=keys)
+    if format == "csv":
+        name = f"costs-{scope or 'all'}-{start or 'start'}-{end or 'end'}.csv"
+        return Response(
+            render_csv(report),
+            media_type="text/csv; charset=utf-8",
+            headers={"content-disposition": f'attachment; filename="{name}"'},
+        )
+    return JSONResponse(render_json(report))

@@ -1,0 +1,130 @@
+"""``GET /v1/reports/costs`` over real services: scoping by principal, grouping, CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.services import Services
+from tests.gateway.accounting.apps import app_settings, auth, running_app
+from tests.gateway.accounting.factories import T0, make_entry
+
+ROWS = [
+    make_entry("a1", tenant="acme", rule="short-prompt", tags=("chat",)),
+    make_entry("a2", tenant="acme", rule="default", created_at=T0 + timedelta(days=1)),
+    make_entry("g1", tenant="globex", principal="tenant:globex", cost_micro_usd=1_000_000),
+    make_entry("i1", tenant="initech", principal="tenant:initech", cost_micro_usd=7),
+]
+
+
+@pytest.fixture
+async def api(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> AsyncIterator[tuple[Services, httpx.AsyncClient]]:
+    async with running_app(app_settings(redis_url, key_prefix, tmp_path)) as (services, client):
+        await services.ledger.record_many(ROWS)
+        yield services, client
+
+
+async def test_tenant_sees_only_itself(api: tuple[Services, httpx.AsyncClient]) -> None:
+    _, client = api
+    r = await client.get("/v1/reports/costs?group_by=tenant", headers=auth("acme"))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["tenant"] == "acme"
+    assert [row["tenant"] for row in body["rows"]] == ["acme"]
+    assert body["totals"]["requests"] == 2
+    assert body["totals"]["cost_usd"] == "0.000060"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "tenant=globex",
+        "tenant=globex&group_by=tenant",
+        "tenant=&group_by=tenant",
+        "tenant=acme&tenant=globex",
+        "tenant=GLOBEX",
+        "tenant=globex&format=csv",
+    ],
+)
+async def test_tenant_cannot_read_another_by_any_parameter(
+    api: tuple[Services, httpx.AsyncClient], query: str
+) -> None:
+    _, client = api
+    r = await client.get(f"/v1/reports/costs?{query}", headers=auth("acme"))
+    assert "globex" not in r.text
+    assert "initech" not in r.text
+    if r.status_code == 200:
+        assert r.json()["tenant"] == "acme"
+    else:
+        assert r.status_code in (400, 403)
+
+
+async def test_finance_and_admin_see_all_and_filter(
+    api: tuple[Services, httpx.AsyncClient],
+) -> None:
+    _, client = api
+    for who in ("finance", "admin"):
+        r = await client.get("/v1/reports/costs?group_by=tenant", headers=auth(who))
+        assert r.status_code == 200
+        body = r.json()
+        assert body["tenant"] is None
+        assert [row["tenant"] for row in body["rows"]] == ["acme", "globex", "initech"]
+        assert body["totals"]["cost_usd"] == "1.000067"
+        one = await client.get("/v1/reports/costs?tenant=globex", headers=auth(who))
+        assert one.json()["tenant"] == "globex"
+        assert one.json()["totals"]["requests"] == 1
+
+
+async def test_group_by_rule_and_dates(api: tuple[Services, httpx.AsyncClient]) -> None:
+    _, client = api
+    day = T0.date().isoformat()
+    r = await client.get(
+        f"/v1/reports/costs?from={day}&to={day}&group_by=rule&tenant=acme", headers=auth("finance")
+    )
+    assert r.status_code == 200
+    assert [(row["rule"], row["requests"]) for row in r.json()["rows"]] == [("short-prompt", 1)]
+    r = await client.get("/v1/reports/costs?group_by=day,tag", headers=auth("acme"))
+    groups = [(row["day"], row["tag"]) for row in r.json()["rows"]]
+    assert groups == [(day, "chat"), ((T0 + timedelta(days=1)).date().isoformat(), None)]
+
+
+async def test_csv(api: tuple[Services, httpx.AsyncClient]) -> None:
+    _, client = api
+    r = await client.get("/v1/reports/costs?group_by=model&format=csv", headers=auth("finance"))
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert [(row["model"], row["cost_usd"], row["requests"]) for row in rows] == [
+        ("llama-3.1-8b-instruct", "1.000067", "4")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [
+        ("group_by=nope", 400),
+        ("group_by=day,day", 400),
+        ("from=2025-13-01", 400),
+        ("from=2025-03-02&to=2025-03-01", 400),
+        ("format=xml", 400),
+    ],
+)
+async def test_bad_parameters(
+    api: tuple[Services, httpx.AsyncClient], query: str, status: int
+) -> None:
+    _, client = api
+    r = await client.get(f"/v1/reports/costs?{query}", headers=auth("finance"))
+    assert r.status_code == status, r.text
+
+
+async def test_needs_a_key(api: tuple[Services, httpx.AsyncClient]) -> None:
+    _, client = api
+    assert (await client.get("/v1/reports/costs")).status_code == 401
