@@ -19,6 +19,7 @@ from backends.protocol import Backend
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.sink import LedgerSink
+from gateway.accounting.throughput import ThroughputMeter
 from gateway.accounting.writer import LedgerWriter
 from gateway.auth.keys import KeyStore
 from gateway.embedded_redis import EmbeddedRedis
@@ -147,8 +148,14 @@ async def open_services(
 
         ledger = await SqlLedger.connect(settings.database.url)
         stack.push_async_callback(ledger.aclose)
-        writer = LedgerWriter(redis, redis_keys.ledger_events, ledger)
         prices = PriceBook.from_settings(settings.deployments)
+        writer = LedgerWriter(
+            redis,
+            redis_keys.ledger_events,
+            ledger,
+            meter=ThroughputMeter(redis, redis_keys.prefix),
+            prices=prices,
+        )
         catalog = build_catalog(settings)
         classifier = load_classifier(settings.router.model_path)
         metrics = Metrics()

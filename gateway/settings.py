@@ -92,7 +92,12 @@ class DeploymentSettings(_Strict):
     api_key_env: str | None = None
     """Environment variable holding the provider's API key (never the key itself)."""
     price: PriceSettings | None = None
-    """Explicit price; ``None`` takes litellm's cost map for external models."""
+    """Explicit price; ``None`` takes litellm's cost map for external models. With
+    ``gpu_hourly_usd`` it is the price used while the pool has no measured throughput."""
+    gpu_hourly_usd: Decimal | None = Field(default=None, gt=0)
+    """Self-hosted: what one GPU costs per hour; per-token price derived from the pool's
+    measured throughput (docs/costs.md)."""
+    gpus_per_replica: int = Field(default=1, ge=1)
     timeout_s: float = Field(default=120.0, gt=0)
 
     @model_validator(mode="after")

@@ -6,8 +6,11 @@ file inside the installed litellm package (``import litellm`` takes seconds; rea
 milliseconds). A model with neither has an unknown price: ``cost`` returns ``None`` and the ledger
 flags the row, never books it as zero.
 
-Self-hosted prices derived from GPU $/h and measured throughput are not here yet (the settings have
-no GPU price); such deployments need an explicit ``price`` until then.
+A self-hosted deployment with ``gpu_hourly_usd`` is priced from what its pool costs and what it
+does: per-token rate = pool $/h ÷ (3600 x pool tokens/s over a rolling window), the same rate for
+input and output tokens (the window counts both). The throughput is measured across processes
+(``ThroughputMeter``, Redis) and handed in with ``update_throughput``; until there is any, the
+deployment's explicit ``price`` applies (or the price is unknown and flagged).
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from gateway.accounting.records import to_micro
 from gateway.settings import DeploymentSettings, TenantSettings
 from router.catalog import Tier
 
-__all__ = ["LITELLM_COST_MAP_FILE", "Charge", "Price", "PriceBook", "load_litellm_cost_map"]
+__all__ = [
+    "LITELLM_COST_MAP_FILE",
+    "Charge",
+    "GpuCost",
+    "Price",
+    "PriceBook",
+    "load_litellm_cost_map",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,22 @@ class Price:
             self.input_per_token * usage.prompt_tokens
             + self.output_per_token * usage.completion_tokens
         )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCost:
+    """A self-hosted pool's cost: ``hourly_usd`` for the whole pool (GPU $/h x GPUs per replica
+    x replicas), and the price to use while its throughput is unknown."""
+
+    hourly_usd: Decimal
+    fallback: Price | None = None
+
+    def price_at(self, tokens_per_s: float) -> Price:
+        """Per-token price at ``tokens_per_s`` pool throughput (input and output alike)."""
+        if tokens_per_s <= 0:
+            raise ValueError("throughput must be positive")
+        per_token = self.hourly_usd / (Decimal(3600) * Decimal(repr(tokens_per_s)))
+        return Price(per_token, per_token, source="gpu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +156,19 @@ def _cost_map_keys(dep: DeploymentSettings) -> list[tuple[str, str | None]]:
 class PriceBook:
     """Every deployment's price, by model id; ``None`` where the price is unknown."""
 
-    __slots__ = ("_default_baseline", "_prices")
+    __slots__ = ("_default_baseline", "_gpu", "_measured", "_prices")
 
     def __init__(
-        self, prices: Mapping[str, Price | None], *, default_baseline: str | None = None
+        self,
+        prices: Mapping[str, Price | None],
+        *,
+        default_baseline: str | None = None,
+        gpu: Mapping[str, GpuCost] | None = None,
     ) -> None:
         self._prices: Mapping[str, Price | None] = MappingProxyType(dict(prices))
         self._default_baseline = default_baseline
+        self._gpu: Mapping[str, GpuCost] = MappingProxyType(dict(gpu or {}))
+        self._measured: dict[str, Price] = {}
 
     @classmethod
     def from_settings(
@@ -150,28 +182,53 @@ class PriceBook:
         if cost_map is None and needs_map:
             cost_map = load_litellm_cost_map()
         prices: dict[str, Price | None] = {}
+        gpu: dict[str, GpuCost] = {}
         for dep in deployments:
             price: Price | None = None
             if dep.price is not None:
                 price = Price.per_mtok(dep.price.input_per_mtok, dep.price.output_per_mtok)
             elif dep.provider == "litellm" and cost_map is not None:
                 price = _from_cost_map(dep, cost_map)
-            if price is None:
+            if dep.gpu_hourly_usd is not None:
+                pool = dep.gpu_hourly_usd * dep.gpus_per_replica * max(1, len(dep.replicas))
+                gpu[dep.model] = GpuCost(pool, fallback=price)
+            elif price is None:
                 log.warning("deployment %r has no known price; its requests are flagged", dep.model)
             prices[dep.model] = price
         large = next((d.model for d in deployments if d.tier is Tier.LARGE), None)
-        return cls(prices, default_baseline=large)
+        return cls(prices, default_baseline=large, gpu=gpu)
+
+    @property
+    def gpu_models(self) -> tuple[str, ...]:
+        """Deployments priced from GPU cost and measured throughput."""
+        return tuple(self._gpu)
+
+    def gpu_cost(self, model: str) -> GpuCost | None:
+        return self._gpu.get(model)
+
+    def update_throughput(self, tokens_per_s: Mapping[str, float | None]) -> None:
+        """Re-derive GPU-priced deployments' prices from measured pool throughput; ``None``
+        (no history) returns a deployment to its fallback price."""
+        for model, rate in tokens_per_s.items():
+            cost = self._gpu.get(model)
+            if cost is None:
+                continue
+            if rate is None or rate <= 0:
+                self._measured.pop(model, None)
+            else:
+                self._measured[model] = cost.price_at(rate)
 
     @property
     def models(self) -> tuple[str, ...]:
         return tuple(self._prices)
 
     def price_of(self, model: str) -> Price | None:
-        return self._prices.get(model)
+        measured = self._measured.get(model)
+        return measured if measured is not None else self._prices.get(model)
 
     def cost(self, model: str, usage: Usage) -> Decimal | None:
         """USD for ``usage`` on ``model``; ``None`` when the price is unknown (never zero)."""
-        price = self._prices.get(model)
+        price = self.price_of(model)
         return None if price is None else price.cost(usage)
 
     def baseline_model(self, tenant: TenantSettings | None = None) -> str | None:

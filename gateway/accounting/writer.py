@@ -1,17 +1,25 @@
 """How entries reach the ledger: through a Redis stream the sink drains into SQL, or straight
 into SQL when Redis cannot take them. The ledger is idempotent by request id, so an entry that
-travels both ways is still booked once."""
+travels both ways is still booked once.
+
+Writing an entry is also the moment a request is complete, so the writer feeds the GPU-priced
+pools' throughput meter (and refreshes their prices, at most once per ``refresh_s``)."""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.events import encode_entry
+from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import Ledger, LedgerEntry
+from gateway.accounting.throughput import ThroughputMeter
 
 __all__ = ["LedgerWriter"]
 
@@ -19,19 +27,62 @@ log = logging.getLogger(__name__)
 
 
 class LedgerWriter:
-    def __init__(self, redis: aioredis.Redis, stream: str, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        stream: str,
+        ledger: Ledger,
+        *,
+        meter: ThroughputMeter | None = None,
+        prices: PriceBook | None = None,
+        refresh_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._redis = redis
         self._stream = stream
         self._ledger = ledger
+        self._meter = meter
+        self._prices = prices
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._refreshed_at: float | None = None
 
     async def write(self, entry: LedgerEntry) -> None:
         try:
             await self._redis.xadd(self._stream, {"e": encode_entry(entry)})
-            return
         except (RedisError, OSError) as exc:
             log.warning("ledger stream unavailable (%s); writing to SQL", type(exc).__name__)
+        else:
+            await self._meter_gpu_tokens(entry)
+            return
         try:
             await self._ledger.record(entry)
         except (SQLAlchemyError, OSError):
             log.exception("ledger entry %s could not be written anywhere", entry.request_id)
             raise
+
+    async def _meter_gpu_tokens(self, entry: LedgerEntry) -> None:
+        if self._meter is None or self._prices is None or not self._prices.gpu_models:
+            return
+        gpu = set(self._prices.gpu_models)
+        tokens: Counter[str] = Counter()
+        for attempt in entry.attempts:
+            if attempt.deployment in gpu:
+                tokens[attempt.deployment] += attempt.prompt_tokens + attempt.completion_tokens
+        try:
+            if tokens:
+                await self._meter.record(tokens)
+            await self.refresh_prices()
+        except (RedisError, OSError) as exc:
+            log.warning("throughput meter unavailable (%s)", type(exc).__name__)
+
+    async def refresh_prices(self, *, force: bool = False) -> None:
+        """Re-read the pools' throughput from Redis into the price book (throttled)."""
+        if self._meter is None or self._prices is None:
+            return
+        now = self._clock()
+        recent = self._refreshed_at is not None and now - self._refreshed_at < self._refresh_s
+        if recent and not force:
+            return
+        self._refreshed_at = now
+        self._prices.update_throughput(await self._meter.tokens_per_s(self._prices.gpu_models))
