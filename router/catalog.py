@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from enum import StrEnum
 
 __all__ = ["Catalog", "DeploymentSpec", "Signals", "TenantPolicy", "Tier"]
@@ -26,6 +27,20 @@ class DeploymentSpec:
     tier: Tier
     max_model_len: int
     provider: str = "vllm"  # "vllm" (OpenAI-compatible HTTP) or "litellm"
+    input_usd_per_token: Decimal | None = None
+    output_usd_per_token: Decimal | None = None
+    """List prices, for rules that cap the cost per request; ``None``: unknown."""
+
+    @property
+    def external(self) -> bool:
+        """Served outside our GPUs (the external tier, or any litellm provider)."""
+        return self.tier is Tier.EXTERNAL or self.provider == "litellm"
+
+    def worst_cost(self, prompt_tokens: int, max_tokens: int) -> Decimal | None:
+        """The most a request can cost here: the prompt, plus ``max_tokens`` of output."""
+        if self.input_usd_per_token is None or self.output_usd_per_token is None:
+            return None
+        return self.input_usd_per_token * prompt_tokens + self.output_usd_per_token * max_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,21 +1,32 @@
-"""The planner: request features + tenant policy + catalog + live signals → ``RoutePlan``.
+"""The planner: request features + tenant policy + rules + catalog + live signals → ``RoutePlan``.
 
 ``decide`` is pure: no I/O, no logging, no clock, no randomness. The same inputs give the same
-plan, which is what ``/v1/route/explain`` shows.
+plan, which is what ``/v1/route/explain`` shows (the request time and the conversation's sticky
+tier come in through ``context``).
 
 How a plan is made:
 
-1. **Primary tier.** ``auto`` scores the prompt (score ≥ ``policy.threshold`` → large, else
-   small; no classifier → the tenant's default tier; a failing classifier fails open to the
-   default tier, rule ``classifier_failed``) and, if the tier is not allowed, takes the nearest
-   allowed one in fallback order. A tier name pins that tier; a deployment id pins that
-   deployment alone (no fallback).
-2. **Fallback chain.** After the primary tier: small → large → external; large → external →
-   small; external → large → small; allowed tiers only.
+0. **Rules.** The tenant's rules, then the global ones, are tried in order; the first that
+   matches fires (``rule:<id>``), and the plan records why each earlier one did not. Its
+   actions narrow the allowed tiers (``forbid_tiers``, ``forbid_external``), set the threshold
+   (or a target large share), cap ``max_tokens`` and the worst-case cost, set priority, the
+   fallback chain and mid-stream continuation, and may pick a tier or a deployment.
+1. **Primary tier.** A rule's tier or deployment wins. Otherwise ``auto`` scores the prompt
+   (score ≥ threshold → large, else small; no classifier → the tenant's default tier; a failing
+   classifier fails open to the default tier, rule ``classifier_failed``) and, if the tier is
+   not allowed, takes the nearest allowed one in fallback order. A tier name pins that tier; a
+   deployment id pins that deployment alone (no fallback). For ``auto``, a conversation that
+   went large stays large (``sticky:conversation``) unless the fired rule says
+   ``sticky: false``; and when the large tier's expected wait is over its target (default
+   30 s), traffic spills to the first allowed tier of ``spill_to`` (``spill:large_wait``).
+2. **Fallback chain.** After the primary tier: the rule's ``fallback``, else small → large →
+   external; large → external → small; external → large → small; allowed tiers only.
 3. **Context fit.** Deployments whose ``max_model_len`` cannot hold the estimated prompt plus
    ``max_tokens`` are dropped; if the primary tier keeps none, the first tier of the chain
    that does becomes primary (the reason says so). None at all → ``NoDeploymentFits``.
-4. **Live signals.** Deployments in ``signals.unavailable`` move to the end, in order; the plan's
+4. **Cost cap.** With ``max_cost_usd``, deployments whose worst case (prompt + ``max_tokens``
+   at list price) is over the cap, or whose price is unknown, are dropped.
+5. **Live signals.** Deployments in ``signals.unavailable`` move to the end, in order; the plan's
    ``tier`` is the tier of the first deployment to try.
 """
 
@@ -23,7 +34,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from decimal import Decimal
 from types import MappingProxyType
 
 from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
@@ -31,6 +43,10 @@ from router.classifier import Classifier
 from router.errors import ModelNotAllowed, NoDeploymentFits, UnknownModel
 from router.features import PromptFeatures
 from router.plan import RoutePlan
+from router.rules.compiled import CompiledRule, RuleSet
+from router.rules.context import RequestContext
+from router.rules.evaluate import Facts, first_match
+from router.rules.schema import Action
 
 __all__ = ["AUTO", "FALLBACK_ORDER", "decide"]
 
@@ -43,6 +59,9 @@ FALLBACK_ORDER = MappingProxyType(
     }
 )
 """Each tier, then the tiers to fall back to, nearest first."""
+_NO_RULES = RuleSet()
+_NO_CONTEXT = RequestContext()
+_NO_ACTION = Action()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +72,33 @@ class _Choice:
     rule: str
     reason: str
     score: float | None = None
+    deployment: DeploymentSpec | None = None
+    """A rule's named deployment, tried first."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Score:
+    value: float | None
+    failure: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Effective:
+    """The request's policy once the fired rule's actions apply."""
+
+    policy: TenantPolicy
+    action: Action
+    rule: CompiledRule | None
+    max_tokens: int
+    no_external: bool
+
+    @property
+    def label(self) -> str | None:
+        return None if self.rule is None else f"rule:{self.rule.id}"
+
+    def refuse(self, what: str) -> ModelNotAllowed:
+        by = f" (rule {self.rule.id})" if self.rule is not None else ""
+        return ModelNotAllowed(f"tenant {self.policy.tenant!r} may not use {what}{by}")
 
 
 def decide(
@@ -64,35 +110,46 @@ def decide(
     catalog: Catalog,
     signals: Signals,
     classifier: Classifier | None,
+    rules: RuleSet | None = None,
+    context: RequestContext | None = None,
 ) -> RoutePlan:
     """The route plan for one request (see the module docstring for the rules).
 
     Raises ``UnknownModel``, ``ModelNotAllowed`` or ``NoDeploymentFits``.
     """
-    needed = features.estimated_prompt_tokens + max(0, max_tokens)
+    rules = rules or _NO_RULES
+    context = context or _NO_CONTEXT
     tier = _tier_named(requested_model)
-    if requested_model == AUTO or tier is not None:
-        if tier is None:
-            choice = _auto_choice(features, policy, classifier)
-        elif tier in policy.allowed_tiers:
-            choice = _Choice(tier, "pin:tier", f"tier {tier.value} requested")
-        else:
-            raise ModelNotAllowed(f"tenant {policy.tenant!r} may not use tier {tier.value!r}")
-        return _tier_plan(
-            choice,
-            requested_model=requested_model,
-            needed=needed,
-            policy=policy,
-            catalog=catalog,
-            signals=signals,
-        )
-    spec = catalog.get(requested_model)
-    if spec is None:
-        raise UnknownModel(
-            f"unknown model {requested_model!r}: use 'auto', a tier "
-            f"({', '.join(t.value for t in Tier)}) or a deployment's model id"
-        )
-    return _model_plan(spec, needed, policy, signals)
+    pinned = None
+    if requested_model != AUTO and tier is None:
+        pinned = catalog.get(requested_model)
+        if pinned is None:
+            raise UnknownModel(
+                f"unknown model {requested_model!r}: use 'auto', a tier "
+                f"({', '.join(t.value for t in Tier)}) or a deployment's model id"
+            )
+    wants_score = classifier is not None and (requested_model == AUTO or rules.uses_score)
+    score = _score(features, classifier) if wants_score else _Score(None)
+    facts = Facts(policy.tenant, requested_model, features, context, score.value, signals, catalog)
+    match = first_match(rules, facts)
+    eff = _effective(policy, match.rule, max_tokens, classifier)
+    needed = features.estimated_prompt_tokens + max(0, eff.max_tokens)
+    action = eff.action
+    if action.tier is None and action.deployment is None and pinned is not None:
+        plan = _model_plan(pinned, needed, eff, signals)
+    else:
+        choice = _choose(tier, requested_model, eff, score, rules, context, signals, catalog)
+        plan = _tier_plan(choice, needed=needed, eff=eff, catalog=catalog, signals=signals,
+                          prompt_tokens=features.estimated_prompt_tokens)  # fmt: skip
+    return replace(
+        plan,
+        requested_model=requested_model,
+        skipped_rules=match.skipped,
+        max_tokens=action.max_tokens,
+        priority=action.priority,
+        continuation=action.continuation,
+        max_cost_usd=None if action.max_cost_usd is None else str(action.max_cost_usd),
+    )
 
 
 def _tier_named(name: str) -> Tier | None:
@@ -100,6 +157,25 @@ def _tier_named(name: str) -> Tier | None:
         return Tier(name)
     except ValueError:
         return None
+
+
+def _effective(
+    policy: TenantPolicy, rule: CompiledRule | None, max_tokens: int, classifier: Classifier | None
+) -> _Effective:
+    action = _NO_ACTION if rule is None else rule.then
+    forbidden = set(action.forbid_tiers)
+    if action.forbid_external:
+        forbidden.add(Tier.EXTERNAL)
+    threshold = policy.threshold
+    if action.threshold is not None:
+        threshold = action.threshold
+    elif action.target_large_share is not None:
+        for_share = getattr(classifier, "threshold_for_share", None)
+        if callable(for_share):
+            threshold = float(for_share(action.target_large_share))
+    effective = replace(policy, allowed_tiers=policy.allowed_tiers - forbidden, threshold=threshold)
+    capped = max_tokens if action.max_tokens is None else min(max_tokens, action.max_tokens)
+    return _Effective(effective, action, rule, capped, action.forbid_external)
 
 
 def _two_numbers(score: float, threshold: float) -> tuple[str, str]:
@@ -111,57 +187,126 @@ def _two_numbers(score: float, threshold: float) -> tuple[str, str]:
     return f"{score!r}", f"{threshold!r}"
 
 
-def _auto_choice(
-    features: PromptFeatures, policy: TenantPolicy, classifier: Classifier | None
-) -> _Choice:
-    default = policy.default_tier
+def _score(features: PromptFeatures, classifier: Classifier | None) -> _Score:
     if classifier is None:
-        return _Choice(default, "auto:default", f"no classifier → default tier {default.value}")
+        return _Score(None)
     try:
-        score = float(classifier.score(features))
+        value = float(classifier.score(features))
     except Exception as exc:  # noqa: BLE001 — fail open: any classifier error routes by default
-        reason = f"classifier failed ({type(exc).__name__}) → default tier {default.value}"
-        return _Choice(default, "classifier_failed", reason)
-    if math.isnan(score) or not 0.0 <= score <= 1.0:
-        reason = f"classifier returned {score!r}, not in [0, 1] → default tier {default.value}"
-        return _Choice(default, "classifier_failed", reason)
-    shown, limit = _two_numbers(score, policy.threshold)
-    if score >= policy.threshold:
+        return _Score(None, f"classifier failed ({type(exc).__name__})")
+    if math.isnan(value) or not 0.0 <= value <= 1.0:
+        return _Score(None, f"classifier returned {value!r}, not in [0, 1]")
+    return _Score(value)
+
+
+def _auto_choice(score: _Score, policy: TenantPolicy, has_classifier: bool) -> _Choice:
+    default = policy.default_tier
+    if score.failure is not None:
+        return _Choice(default, "classifier_failed", f"{score.failure} → default tier {default}")
+    if score.value is None or not has_classifier:
+        return _Choice(default, "auto:default", f"no classifier → default tier {default.value}")
+    shown, limit = _two_numbers(score.value, policy.threshold)
+    if score.value >= policy.threshold:
         reason = f"score {shown} ≥ threshold {limit} → large"
-        return _Choice(Tier.LARGE, "auto:threshold", reason, score)
+        return _Choice(Tier.LARGE, "auto:threshold", reason, score.value)
     reason = f"score {shown} < threshold {limit} → small"
-    return _Choice(Tier.SMALL, "auto:threshold", reason, score)
+    return _Choice(Tier.SMALL, "auto:threshold", reason, score.value)
 
 
-def _allowed_chain(tier: Tier, policy: TenantPolicy) -> tuple[Tier, ...]:
-    return tuple(t for t in FALLBACK_ORDER[tier] if t in policy.allowed_tiers)
+def _choose(
+    tier: Tier | None,
+    requested_model: str,
+    eff: _Effective,
+    score: _Score,
+    rules: RuleSet,
+    context: RequestContext,
+    signals: Signals,
+    catalog: Catalog,
+) -> _Choice:
+    action, label = eff.action, eff.label
+    why = f"rule {eff.rule.id}" if eff.rule is not None else ""
+    if eff.rule is not None and eff.rule.description:
+        why += f" ({eff.rule.description})"
+    if action.deployment is not None:
+        spec = catalog.get(action.deployment)
+        if spec is not None and label is not None:
+            return _Choice(spec.tier, label, f"{why} → {spec.model}", score.value, spec)
+    if action.tier is not None and label is not None:
+        return _Choice(action.tier, label, f"{why} → {action.tier.value}", score.value)
+    if tier is not None:
+        if tier not in eff.policy.allowed_tiers:
+            raise eff.refuse(f"tier {tier.value!r}")
+        reason = f"tier {tier.value} requested" + (f"; {why}" if why else "")
+        return _Choice(tier, label or "pin:tier", reason, score.value)
+    choice = _auto_choice(score, eff.policy, score.value is not None or score.failure is not None)
+    if label is not None:
+        choice = replace(choice, rule=label, reason=f"{why}; {choice.reason}")
+    if choice.tier is Tier.SMALL and context.sticky_tier is Tier.LARGE and action.sticky:
+        reason = f"{choice.reason}; conversation went large before → stays large"
+        choice = replace(choice, tier=Tier.LARGE, rule="sticky:conversation", reason=reason)
+    return _spill(choice, eff, rules, signals)
+
+
+def _spill(choice: _Choice, eff: _Effective, rules: RuleSet, signals: Signals) -> _Choice:
+    """``auto`` traffic bound for a large tier whose expected wait is over target moves."""
+    wait = signals.expected_wait_s.get(Tier.LARGE)
+    target = rules.wait_target_s
+    if choice.tier is not Tier.LARGE or wait is None or wait <= target:
+        return choice
+    for tier in rules.spill_order:
+        if tier is not Tier.LARGE and tier in eff.policy.allowed_tiers:
+            reason = (
+                f"{choice.reason}; large tier's expected wait {wait:.1f} s > target "
+                f"{target:g} s → {tier.value}"
+            )
+            return replace(choice, tier=tier, rule="spill:large_wait", reason=reason)
+    return choice
+
+
+def _chain(tier: Tier, eff: _Effective) -> tuple[Tier, ...]:
+    order: Sequence[Tier] = FALLBACK_ORDER[tier]
+    if eff.action.fallback is not None:
+        order = (tier, *(t for t in eff.action.fallback if t is not tier))
+    return tuple(t for t in order if t in eff.policy.allowed_tiers)
+
+
+def _candidates(tier: Tier, eff: _Effective, catalog: Catalog) -> tuple[DeploymentSpec, ...]:
+    found = catalog.of_tier(tier)
+    if eff.no_external:
+        found = tuple(d for d in found if not d.external)
+    return found
 
 
 def _tier_plan(
     choice: _Choice,
     *,
-    requested_model: str,
     needed: int,
-    policy: TenantPolicy,
+    eff: _Effective,
     catalog: Catalog,
     signals: Signals,
+    prompt_tokens: int,
 ) -> RoutePlan:
     tier = choice.tier
-    chain = _allowed_chain(tier, policy)
+    chain = _chain(tier, eff)
     if not chain:
-        raise ModelNotAllowed(f"tenant {policy.tenant!r} may use no tier")
+        raise eff.refuse(f"tier {tier.value!r} or any tier to fall back to")
     notes = [choice.reason]
     if chain[0] is not tier:
         notes.append(f"{tier.value} not allowed → {chain[0].value}")
-    fitting = {t: tuple(d for d in catalog.of_tier(t) if d.max_model_len >= needed) for t in chain}
+    options = {t: _candidates(t, eff, catalog) for t in chain}
+    if choice.deployment is not None and choice.deployment.tier in options:
+        named = choice.deployment
+        rest = tuple(d for d in options[named.tier] if d is not named)
+        options[named.tier] = (named, *rest) if not (eff.no_external and named.external) else rest
+    fitting = {t: tuple(d for d in options[t] if d.max_model_len >= needed) for t in chain}
     usable = [t for t in chain if fitting[t]]
     if not usable:
-        raise NoDeploymentFits(
-            _no_fit_message(needed, [d for t in chain for d in catalog.of_tier(t)])
-        )
+        raise NoDeploymentFits(_no_fit_message(needed, [d for t in chain for d in options[t]]))
     if usable[0] is not chain[0]:
         notes.append(_moved_note(chain[0], usable[0], needed, catalog))
-    deployments = _available_first([d for t in usable for d in fitting[t]], signals)
+    ordered = [d for t in usable for d in fitting[t]]
+    ordered = _within_cost(ordered, eff, prompt_tokens, notes)
+    deployments = _available_first(ordered, signals)
     first = deployments[0]
     if first.tier is not usable[0]:
         notes.append(f"{usable[0].value} unavailable → {first.tier.value} first")
@@ -171,30 +316,50 @@ def _tier_plan(
         rule=choice.rule,
         reason="; ".join(notes),
         score=choice.score,
-        requested_model=requested_model,
     )
 
 
-def _model_plan(
-    spec: DeploymentSpec, needed: int, policy: TenantPolicy, signals: Signals
-) -> RoutePlan:
-    if spec.tier not in policy.allowed_tiers:
-        raise ModelNotAllowed(
-            f"tenant {policy.tenant!r} may not use {spec.model!r} (tier {spec.tier.value})"
-        )
+def _within_cost(
+    ordered: list[DeploymentSpec], eff: _Effective, prompt_tokens: int, notes: list[str]
+) -> list[DeploymentSpec]:
+    cap = eff.action.max_cost_usd
+    if cap is None:
+        return ordered
+    kept = [d for d in ordered if _costs_at_most(d, cap, prompt_tokens, eff.max_tokens)]
+    if not kept:
+        raise eff.refuse(f"any deployment within ${cap} per request")
+    if len(kept) < len(ordered):
+        dropped = ", ".join(d.model for d in ordered if d not in kept)
+        notes.append(f"over ${cap} per request (or unpriced): {dropped}")
+    return kept
+
+
+def _costs_at_most(spec: DeploymentSpec, cap: Decimal, prompt: int, max_tokens: int) -> bool:
+    worst = spec.worst_cost(prompt, max_tokens)
+    return worst is not None and worst <= cap
+
+
+def _model_plan(spec: DeploymentSpec, needed: int, eff: _Effective, signals: Signals) -> RoutePlan:
+    policy = eff.policy
+    if spec.tier not in policy.allowed_tiers or (eff.no_external and spec.external):
+        raise eff.refuse(f"{spec.model!r} (tier {spec.tier.value})")
     if policy.allowed_models is not None and spec.model not in policy.allowed_models:
         raise ModelNotAllowed(f"tenant {policy.tenant!r} may not use {spec.model!r}")
     if spec.max_model_len < needed:
         raise NoDeploymentFits(_no_fit_message(needed, [spec]))
+    cap = eff.action.max_cost_usd
+    if cap is not None and not _costs_at_most(spec, cap, needed - eff.max_tokens, eff.max_tokens):
+        raise eff.refuse(f"{spec.model!r} within ${cap} per request")
     reason = f"model {spec.model} requested"
+    if eff.rule is not None:
+        reason += f"; rule {eff.rule.id}"
     if spec.model in signals.unavailable:
         reason += " (currently unavailable)"
     return RoutePlan(
         tier=spec.tier,
         deployments=(spec.model,),
-        rule="pin:model",
+        rule=eff.label or "pin:model",
         reason=reason,
-        requested_model=spec.model,
     )
 
 

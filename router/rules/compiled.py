@@ -1,0 +1,118 @@
+"""Rules ready to evaluate: validated models with their regexes and time zones resolved once."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import tzinfo
+from zoneinfo import ZoneInfo
+
+from router.catalog import Tier
+from router.rules.schema import Action, Condition, RuleFileModel, RuleModel
+
+__all__ = [
+    "DEFAULT_LARGE_WAIT_TARGET_S",
+    "DEFAULT_SPILL_TO",
+    "CompiledRule",
+    "RuleSet",
+    "compile_rules",
+]
+
+DEFAULT_LARGE_WAIT_TARGET_S = 30.0
+DEFAULT_SPILL_TO = (Tier.EXTERNAL, Tier.SMALL)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    id: str
+    description: str
+    when: Condition
+    then: Action
+    text: re.Pattern[str] | None = None
+    """``last_message`` as one pattern (regex and keywords), compiled once."""
+    zone: tzinfo | None = None
+    line: int | None = None
+    scope: str = "tenant"
+    """``tenant`` or ``global`` (from the global defaults)."""
+
+    @property
+    def uses_score(self) -> bool:
+        return self.when.score is not None
+
+
+def _text_pattern(rule: RuleModel) -> re.Pattern[str] | None:
+    match = rule.when.last_message
+    if match is None:
+        return None
+    parts: list[str] = []
+    if match.regex is not None:
+        parts.append(f"(?:{match.regex})")
+    if match.keywords:
+        words = "|".join(re.escape(k) for k in match.keywords)
+        parts.append(rf"(?<!\w)(?:{words})(?!\w)")
+    flags = 0 if match.case_sensitive else re.IGNORECASE
+    return re.compile("|".join(parts), flags)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """Ordered rules (first match wins) and the defaults that apply when none decides."""
+
+    rules: tuple[CompiledRule, ...] = ()
+    large_wait_target_s: float | None = None
+    spill_to: tuple[Tier, ...] | None = None
+    lines: Mapping[str, int | None] = field(default_factory=dict)
+
+    @property
+    def uses_score(self) -> bool:
+        return any(rule.uses_score for rule in self.rules)
+
+    @property
+    def wait_target_s(self) -> float:
+        target = self.large_wait_target_s
+        return DEFAULT_LARGE_WAIT_TARGET_S if target is None else target
+
+    @property
+    def spill_order(self) -> tuple[Tier, ...]:
+        return DEFAULT_SPILL_TO if self.spill_to is None else self.spill_to
+
+    def then(self, fallback: RuleSet) -> RuleSet:
+        """These rules, then ``fallback``'s (global defaults); these defaults win where set."""
+        return RuleSet(
+            rules=self.rules + fallback.rules,
+            large_wait_target_s=(
+                self.large_wait_target_s
+                if self.large_wait_target_s is not None
+                else fallback.large_wait_target_s
+            ),
+            spill_to=self.spill_to if self.spill_to is not None else fallback.spill_to,
+        )
+
+    def scoped(self, scope: str) -> RuleSet:
+        rules = tuple(
+            CompiledRule(r.id, r.description, r.when, r.then, r.text, r.zone, r.line, scope)
+            for r in self.rules
+        )
+        return RuleSet(rules, self.large_wait_target_s, self.spill_to, self.lines)
+
+
+def compile_rules(model: RuleFileModel, *, lines: Mapping[str, int | None]) -> RuleSet:
+    rules = tuple(
+        CompiledRule(
+            id=rule.id,
+            description=rule.description,
+            when=rule.when,
+            then=rule.then,
+            text=_text_pattern(rule),
+            zone=ZoneInfo(rule.when.time.tz) if rule.when.time is not None else None,
+            line=lines.get(rule.id),
+        )
+        for rule in model.rules
+    )
+    return RuleSet(
+        rules=rules,
+        large_wait_target_s=model.defaults.large_wait_target_s,
+        spill_to=model.defaults.spill_to,
+        lines=dict(lines),
+    )

@@ -1,0 +1,310 @@
+"""The rule language: validation with line numbers, every condition, every action (via decide)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
+from router.errors import ModelNotAllowed
+from router.features import PromptFeatures
+from router.plan import RoutePlan
+from router.rules import RequestContext, RuleSet, RulesInvalid, parse_rules
+from router.planner import decide
+
+PER_M = Decimal("0.000001")
+SMALL = DeploymentSpec("small-a", Tier.SMALL, 16_384, input_usd_per_token=3 * PER_M / 100,
+                       output_usd_per_token=6 * PER_M / 100)  # fmt: skip
+SMALL_B = DeploymentSpec("small-b", Tier.SMALL, 16_384)
+LARGE = DeploymentSpec("large-a", Tier.LARGE, 8_192, input_usd_per_token=35 * PER_M / 100,
+                       output_usd_per_token=70 * PER_M / 100)  # fmt: skip
+EXTERNAL = DeploymentSpec("ext-a", Tier.EXTERNAL, 128_000, provider="litellm",
+                          input_usd_per_token=15 * PER_M / 100,
+                          output_usd_per_token=60 * PER_M / 100)  # fmt: skip
+CATALOG = Catalog((SMALL, SMALL_B, LARGE, EXTERNAL))
+POLICY = TenantPolicy(tenant="acme", threshold=0.5)
+NOON = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # a Tuesday
+
+
+class FixedScore:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def score(self, features: PromptFeatures) -> float:
+        return self.value
+
+
+class Calibrated(FixedScore):
+    def threshold_for_share(self, share: float) -> float:
+        return 1.0 - share
+
+
+def rules_of(text: str) -> RuleSet:
+    return parse_rules(text, catalog=CATALOG)
+
+
+def plan(
+    rules: str,
+    prompt: str = "What is the capital of France?",
+    *,
+    model: str = "auto",
+    score: float = 0.2,
+    context: RequestContext | None = None,
+    signals: Signals | None = None,
+    max_tokens: int = 256,
+    messages: list[dict[str, str]] | None = None,
+    classifier: FixedScore | None = None,
+    tenant: str = "acme",
+) -> RoutePlan:
+    features = PromptFeatures.from_messages(messages or [{"role": "user", "content": prompt}])
+    return decide(
+        requested_model=model,
+        features=features,
+        max_tokens=max_tokens,
+        policy=dataclasses.replace(POLICY, tenant=tenant),
+        catalog=CATALOG,
+        signals=signals or Signals(),
+        classifier=classifier or FixedScore(score),
+        rules=rules_of(rules),
+        context=context or RequestContext(now=NOON),
+    )
+
+
+def one_rule(when: str, then: str = "{tier: external}") -> str:
+    return f"rules:\n  - id: r\n    when: {when}\n    then: {then}\n"
+
+
+# ---------- validation ----------
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "path", "needle"),
+    [
+        ("rules:\n  - id: a\n    when:\n      prompt_tokens: {gt: x}\n    then: {}\n", 4,
+         "rules[0].when.prompt_tokens.gt", "valid number"),
+        ("rules:\n  - id: a\n    then: {tier: huge}\n", 3, "rules[0].then.tier", "small"),
+        ("rules:\n  - id: a\n    then: {}\n  - id: a\n    then: {}\n", 4, "rules[1].id",
+         "already used"),
+        ("rules:\n  - id: a\n    when: {last_message: {regex: '(x'}}\n    then: {}\n", 3,
+         "rules[0].when.last_message.regex", "regular expression"),
+        ("rules:\n  - id: a\n    when: {colour: red}\n    then: {}\n", 3,
+         "rules[0].when.colour", "Extra inputs"),
+        ("rules:\n  - id: a\n    then: {deployment: nope}\n", 3, "rules[0].then.deployment",
+         "unknown deployment"),
+        ("rules:\n  - id: a\n    when: {time: {after: '25:00'}}\n    then: {}\n", 3,
+         "rules[0].when.time.after", "time of day"),
+        ("rules:\n  - id: a\n    then: {tier: large, deployment: large-a}\n", 3,
+         "rules[0].then", "not both"),
+        ('{"rules": [\n {"id": "a",\n  "then": {"max_tokens": 0}}]}', 3,
+         "rules[0].then.max_tokens", "greater than"),
+        ("rules:\n  - id: a\n    then: {tier: large\n", 4, "", "YAML"),
+    ],
+)  # fmt: skip
+def test_invalid_rules_point_at_the_line(text: str, line: int, path: str, needle: str) -> None:
+    with pytest.raises(RulesInvalid) as caught:
+        rules_of(text)
+    assert caught.value.line == line, str(caught.value)
+    assert caught.value.path == path
+    assert needle in str(caught.value)
+    assert str(caught.value).startswith(f"line {line}: ")
+
+
+def test_empty_file_is_no_rules() -> None:
+    assert rules_of("").rules == ()
+    assert rules_of("rules: []").rules == ()
+
+
+# ---------- conditions ----------
+
+
+@pytest.mark.parametrize(
+    ("when", "kwargs", "fires"),
+    [
+        ("{tenant: acme}", {}, True),
+        ("{tenant: [globex, initech]}", {}, False),
+        ("{app: billing}", {"context": RequestContext(app="billing")}, True),
+        ("{app: billing}", {"context": RequestContext(app="chat")}, False),
+        ("{tag: [pii, phi]}", {"context": RequestContext(tags=("x", "pii"))}, True),
+        ("{tag: pii}", {"context": RequestContext(tags=("x",))}, False),
+        ("{user: u-1}", {"context": RequestContext(user="u-1")}, True),
+        ("{model: auto}", {}, True),
+        ("{model: small}", {}, False),
+        ("{prompt_tokens: {gt: 1000}}", {"prompt": "word " * 2000}, True),
+        ("{prompt_tokens: {gt: 1000}}", {}, False),
+        ("{turns: {gte: 2}}", {"messages": [{"role": "user", "content": "a"},
+                                           {"role": "assistant", "content": "b"},
+                                           {"role": "user", "content": "c"}]}, True),
+        ("{turns: {gte: 2}}", {}, False),
+        ("{messages: {lte: 1}}", {}, True),
+        ("{last_message: {regex: 'review (this|my) (PR|diff)'}}",
+         {"prompt": "please review this PR"}, True),
+        ("{last_message: {regex: 'review'}}", {"prompt": "hello"}, False),
+        ("{last_message: {keywords: [SSN, passport]}}", {"prompt": "my ssn is 1"}, True),
+        ("{last_message: {keywords: [ssn]}}", {"prompt": "classnames"}, False),
+        ("{last_message: {keywords: [SSN], case_sensitive: true}}", {"prompt": "ssn"}, False),
+        ("{score: {gte: 0.7}}", {"score": 0.8}, True),
+        ("{score: {gte: 0.7}}", {"score": 0.6}, False),
+        ("{time: {after: '09:00', before: '17:00'}}", {}, True),
+        ("{time: {after: '22:00', before: '06:00'}}", {}, False),
+        ("{time: {after: '22:00', before: '06:00'}}",
+         {"context": RequestContext(now=datetime(2026, 12, 1, 23, 30, tzinfo=UTC))}, True),
+        ("{time: {days: [sat, sun]}}", {}, False),
+        ("{time: {after: '12:30', tz: Europe/Berlin}}", {}, True),
+        ("{queue_wait_s: {large: {gt: 5}}}",
+         {"signals": Signals(expected_wait_s={Tier.LARGE: 9.0})}, True),
+        ("{queue_wait_s: {large: {gt: 5}}}",
+         {"signals": Signals(expected_wait_s={Tier.LARGE: 1.0})}, False),
+        ("{queue_wait_s: {large: {gt: 5}}}", {}, False),
+        ("{circuit_open: large}", {"signals": Signals(unavailable=frozenset({"large-a"}))}, True),
+        ("{circuit_open: small}", {"signals": Signals(unavailable=frozenset({"small-a"}))}, False),
+        ("{circuit_open: small-a}", {"signals": Signals(unavailable=frozenset({"small-a"}))},
+         True),
+    ],
+)  # fmt: skip
+def test_each_condition(when: str, kwargs: dict[str, object], fires: bool) -> None:
+    result = plan(one_rule(when), **kwargs)  # type: ignore[arg-type]
+    assert (result.rule == "rule:r") is fires, result
+    if fires:
+        assert result.tier is Tier.EXTERNAL
+        assert result.skipped_rules == ()
+    else:
+        assert result.skipped_rules[0][0] == "r"
+
+
+def test_first_match_wins_and_records_why_others_did_not() -> None:
+    text = """
+rules:
+  - id: billing
+    when: {app: billing}
+    then: {tier: large}
+  - id: long
+    when: {prompt_tokens: {gt: 5000}}
+    then: {tier: external}
+  - id: everyone
+    then: {max_tokens: 100}
+  - id: never
+    then: {tier: large}
+"""
+    result = plan(text, context=RequestContext(app="chat"))
+    assert result.rule == "rule:everyone"
+    assert result.tier is Tier.SMALL
+    assert result.max_tokens == 100
+    assert [s[0] for s in result.skipped_rules] == ["billing", "long"]
+    assert "app 'chat'" in result.skipped_rules[0][1]
+    assert "prompt_tokens" in result.skipped_rules[1][1]
+
+
+def test_tenant_rules_then_global_defaults() -> None:
+    tenant = rules_of("rules:\n  - id: mine\n    when: {app: x}\n    then: {tier: large}\n")
+    global_ = rules_of(
+        "defaults: {large_wait_target_s: 5}\nrules:\n  - id: base\n    then: {max_tokens: 9}\n"
+    ).scoped("global")
+    combined = tenant.then(global_)
+    assert [r.id for r in combined.rules] == ["mine", "base"]
+    assert combined.wait_target_s == 5
+    assert combined.rules[1].scope == "global"
+
+
+# ---------- actions ----------
+
+
+def test_tier_and_deployment() -> None:
+    assert plan(one_rule("{}", "{tier: large}")).deployments == ("large-a", "ext-a", "small-a",
+                                                                "small-b")  # fmt: skip
+    result = plan(one_rule("{}", "{deployment: small-b}"))
+    assert result.deployments[:2] == ("small-b", "small-a")
+    assert result.rule == "rule:r"
+
+
+def test_threshold_and_target_share() -> None:
+    assert plan(one_rule("{}", "{threshold: 0.1}"), score=0.2).tier is Tier.LARGE
+    assert plan(one_rule("{}", "{threshold: 0.9}"), score=0.8).tier is Tier.SMALL
+    share = one_rule("{}", "{target_large_share: 0.9}")  # threshold 0.1
+    assert plan(share, classifier=Calibrated(0.2)).tier is Tier.LARGE
+    # a classifier without a share curve keeps the tenant's threshold
+    assert plan(share, classifier=FixedScore(0.2)).tier is Tier.SMALL
+
+
+def test_forbid_tiers_and_external() -> None:
+    result = plan(one_rule("{}", "{tier: large, forbid_tiers: [external]}"))
+    assert "ext-a" not in result.deployments
+    result = plan(one_rule("{}", "{forbid_external: true}"), score=0.9)
+    assert result.deployments == ("large-a", "small-a", "small-b")
+    with pytest.raises(ModelNotAllowed, match="rule r"):
+        plan(one_rule("{}", "{forbid_external: true}"), model="ext-a")
+    with pytest.raises(ModelNotAllowed, match="rule r"):
+        plan(one_rule("{}", "{forbid_tiers: [large]}"), model="large")
+
+
+def test_max_tokens_cap_and_context_fit() -> None:
+    result = plan(one_rule("{}", "{max_tokens: 64}"), max_tokens=4000)
+    assert result.max_tokens == 64
+    # 8k large fits 7,000 prompt tokens only when the cap shrinks the output budget
+    prompt = "word " * 5200
+    capped = plan(one_rule("{}", "{tier: large, max_tokens: 64}"), prompt, max_tokens=4000)
+    assert capped.tier is Tier.LARGE
+    uncapped = plan(one_rule("{}", "{tier: large}"), prompt, max_tokens=4000)
+    assert uncapped.tier is Tier.EXTERNAL
+
+
+def test_cost_cap_drops_expensive_and_unpriced() -> None:
+    # 1,000 output tokens: large 0.0007 + prompt, external 0.0006 + prompt, small 0.00006
+    result = plan(one_rule("{}", "{tier: large, max_cost_usd: '0.0005'}"), max_tokens=1000)
+    assert result.deployments == ("small-a",)  # small-b has no price
+    assert "over $0.0005" in result.reason
+    with pytest.raises(ModelNotAllowed, match="within"):
+        plan(one_rule("{}", "{max_cost_usd: '0.000001'}"), max_tokens=1000)
+
+
+def test_priority_fallback_continuation() -> None:
+    text = one_rule(
+        "{}", "{tier: small, priority: batch, fallback: [external], continuation: false}"
+    )
+    result = plan(text)
+    assert result.priority == "batch"
+    assert result.continuation is False
+    assert result.deployments == ("small-a", "small-b", "ext-a")
+    assert plan(one_rule("{}", "{tier: large, fallback: []}")).deployments == ("large-a",)
+    assert RoutePlan.from_dict(result.to_dict()) == result
+
+
+# ---------- stickiness and spill-over ----------
+
+
+def test_sticky_conversation_stays_large_unless_a_rule_says_so() -> None:
+    sticky = RequestContext(now=NOON, sticky_tier=Tier.LARGE, conversation="c1")
+    result = plan("", score=0.1, context=sticky)
+    assert (result.tier, result.rule) == (Tier.LARGE, "sticky:conversation")
+    assert plan("", score=0.1).tier is Tier.SMALL
+    released = plan(one_rule("{}", "{sticky: false}"), score=0.1, context=sticky)
+    assert released.tier is Tier.SMALL
+    pinned = plan(one_rule("{}", "{tier: small}"), score=0.1, context=sticky)
+    assert pinned.tier is Tier.SMALL
+
+
+def test_default_spill_over_when_large_wait_is_over_target() -> None:
+    slow = Signals(expected_wait_s={Tier.LARGE: 45.0})
+    result = plan("", score=0.9, signals=slow)
+    assert (result.tier, result.rule) == (Tier.EXTERNAL, "spill:large_wait")
+    assert "45.0 s > target 30 s" in result.reason
+    assert plan("", score=0.9, signals=Signals(expected_wait_s={Tier.LARGE: 10.0})).tier is (
+        Tier.LARGE
+    )
+    own = "defaults: {large_wait_target_s: 5, spill_to: small}\n"
+    quick = plan(own, score=0.9, signals=Signals(expected_wait_s={Tier.LARGE: 10.0}))
+    assert (quick.tier, quick.rule) == (Tier.SMALL, "spill:large_wait")
+    on_prem = plan(one_rule("{}", "{forbid_external: true}"), score=0.9, signals=slow)
+    assert on_prem.tier is Tier.SMALL
+
+
+def test_evaluation_is_fast() -> None:
+    """Not a timing test: 200 rules that all miss are evaluated without recompiling."""
+    body = "".join(
+        f"  - id: r{i}\n    when: {{last_message: {{regex: 'x{i}y'}}}}\n    then: {{}}\n"
+        for i in range(200)
+    )
+    result = plan("rules:\n" + body)
+    assert len(result.skipped_rules) == 200
