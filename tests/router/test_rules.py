@@ -12,8 +12,8 @@ from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
 from router.errors import ModelNotAllowed
 from router.features import PromptFeatures
 from router.plan import RoutePlan
-from router.rules import RequestContext, RuleSet, RulesInvalid, parse_rules
 from router.planner import decide
+from router.rules import RequestContext, RuleSet, RulesInvalid, parse_rules
 
 PER_M = Decimal("0.000001")
 SMALL = DeploymentSpec("small-a", Tier.SMALL, 16_384, input_usd_per_token=3 * PER_M / 100,
