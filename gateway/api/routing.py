@@ -23,6 +23,14 @@ def routing_error(exc: RoutingError) -> GatewayError:
     return GatewayError(exc.message)
 
 
+def _signals(services: Services) -> Signals:
+    """The live state the planner reads: a cached snapshot, never a Redis call per request."""
+    snapshot = services.queue_snapshot
+    if snapshot is None:
+        return Signals()
+    return Signals(expected_wait_s=snapshot.expected_waits())
+
+
 def plan_request(services: Services, tenant: str, admitted: Admitted) -> RoutePlan:
     try:
         return decide(
@@ -31,7 +39,7 @@ def plan_request(services: Services, tenant: str, admitted: Admitted) -> RoutePl
             max_tokens=admitted.max_tokens,
             policy=services.policies[tenant],
             catalog=services.catalog,
-            signals=Signals(),
+            signals=_signals(services),
             classifier=services.classifier,
         )
     except RoutingError as exc:

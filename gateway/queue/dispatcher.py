@@ -8,8 +8,9 @@ the ledger entry, so a request is never answered 504 *and* run, nor booked twice
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -17,6 +18,7 @@ from redis.exceptions import RedisError
 from gateway.errors import DeadlineExceeded, RateLimited, ServiceUnavailable
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
+from gateway.queue.lanes import LaneQueue, QueueFull, lane_of
 from gateway.queue.replies import ReplyRouter
 
 __all__ = ["EDGE_CLAIM", "Dispatcher"]
@@ -36,27 +38,43 @@ class Dispatcher:
         *,
         max_depth: int,
         claim_ttl_s: int,
+        tier_max_depth: Mapping[str, int] | None = None,
+        weights: Mapping[str, float] | None = None,
+        expected_wait: Callable[[str], float] | None = None,
     ) -> None:
+        """``tier_max_depth`` overrides ``max_depth`` per tier; ``weights`` are tenants' fair
+        shares (default 1); ``expected_wait(tier)`` (s) sets a refusal's ``Retry-After``."""
         self._redis = redis
         self._keys = keys
         self._replies = replies
         self._max_depth = max_depth
+        self._tier_max_depth = dict(tier_max_depth or {})
+        self._weights = dict(weights or {})
+        self._expected_wait = expected_wait
         self._claim_ttl_s = claim_ttl_s
+        self._lanes = LaneQueue(redis, keys)
 
     async def submit(self, job: Job) -> AsyncIterator[Reply]:
         """Queue ``job`` and return its replies, in order. Raises ``RateLimited`` when the tier's
         queue is full and ``ServiceUnavailable`` when Redis cannot be used."""
-        stream = self._keys.jobs(job.plan.tier.value)
+        tier = job.plan.tier.value
         queue = self._replies.register(job.request_id)
         try:
-            depth = await self._redis.xlen(stream)
-            if depth >= self._max_depth:
-                raise RateLimited(
-                    f"the {job.plan.tier.value} tier's queue is full ({depth} waiting)",
-                    code="queue_full",
-                    retry_after=1.0,
-                )
-            await self._redis.xadd(stream, {"j": job.encode()})
+            await self._lanes.enqueue(
+                tier=tier,
+                lane=lane_of(job.priority),
+                tenant=job.tenant,
+                job=job.encode(),
+                weight=self._weights.get(job.tenant, 1.0),
+                max_depth=self._tier_max_depth.get(tier, self._max_depth),
+            )
+        except QueueFull as full:
+            self._replies.unregister(job.request_id)
+            raise RateLimited(
+                f"the {tier} tier's queue is full ({full.depth} waiting)",
+                code="queue_full",
+                retry_after=self._retry_after(tier),
+            ) from None
         except (RedisError, OSError) as exc:
             self._replies.unregister(job.request_id)
             raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
@@ -96,6 +114,11 @@ class Dispatcher:
                     return
         finally:
             self._replies.unregister(job.request_id)
+
+    def _retry_after(self, tier: str) -> float:
+        """Whole seconds until the queue is expected to have room: its expected wait, 1-60."""
+        wait = self._expected_wait(tier) if self._expected_wait is not None else 1.0
+        return float(min(max(math.ceil(wait), 1), 60))
 
     async def _claim_for_edge(self, request_id: str) -> bool:
         try:

@@ -1,23 +1,52 @@
 """Every Redis key tiergate uses, in one place.
 
 Keys carry a hash tag (``{…}``) so that a Redis Cluster keeps the keys one operation touches in
-one slot. ``prefix`` isolates deployments (and tests) sharing one Redis.
+one slot: everything one tier's scripts touch (its lanes, tenant streams, depth counters,
+doorbell, replica slot leases) shares the tag ``{q:<tier>}``. ``prefix`` isolates deployments
+(and tests) sharing one Redis.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RedisKeys"]
+__all__ = ["LANES", "RedisKeys"]
+
+LANES = ("interactive", "standard", "batch")
+"""Priority lanes, highest first."""
 
 
 @dataclass(frozen=True, slots=True)
 class RedisKeys:
     prefix: str = "tg"
 
-    def jobs(self, tier: str) -> str:
-        """Stream of queued jobs for one tier (consumer group ``workers``)."""
-        return f"{self.prefix}:{{q:{tier}}}:jobs"
+    def tier_tag(self, tier: str) -> str:
+        """``{prefix}:{q:<tier>}``: the start of every key of one tier's queue."""
+        return f"{self.prefix}:{{q:{tier}}}"
+
+    def jobs(self, tier: str, lane: str = "standard", tenant: str = "") -> str:
+        """Stream of one tenant's queued jobs in one lane of a tier (consumer group ``workers``)."""
+        return f"{self.tier_tag(tier)}:jobs:{lane}:{tenant}"
+
+    def lane_tenants(self, tier: str, lane: str) -> str:
+        """Sorted set of the tenants with work in a lane, scored by virtual time (fair share)."""
+        return f"{self.tier_tag(tier)}:lane:{lane}"
+
+    def depth(self, tier: str, lane: str) -> str:
+        """Counter of jobs waiting in a lane (incremented on enqueue, decremented on take)."""
+        return f"{self.tier_tag(tier)}:depth:{lane}"
+
+    def bell(self, tier: str) -> str:
+        """List a worker blocks on (``BLPOP``) while a tier has no work it may take."""
+        return f"{self.tier_tag(tier)}:bell"
+
+    def slots(self, tier: str, replica: str) -> str:
+        """Sorted set of slot leases held on one replica, scored by expiry (ms)."""
+        return f"{self.tier_tag(tier)}:slots:{replica}"
+
+    def service_time(self, tier: str) -> str:
+        """Moving average of a job's time on a backend (s), for expected waits."""
+        return f"{self.tier_tag(tier)}:svc"
 
     group: str = "workers"
 

@@ -89,12 +89,14 @@ async def test_deadline_without_worker_is_504_and_the_edge_owns_it(
             claim_ttl_s=60,
         )
         worker.start()
+        stream = keys.jobs("small", "standard", "acme")
         for _ in range(50):
-            if await redis_conn.xlen(keys.jobs("small")) == 0:
+            if await redis_conn.xlen(stream) == 0:
                 break
             await asyncio.sleep(0.05)
         await worker.aclose()
-        assert await redis_conn.xlen(keys.jobs("small")) == 0  # acked and deleted
+        assert await redis_conn.xlen(stream) == 0  # taken, acked and deleted
+        assert await redis_conn.get(keys.depth("small", "standard")) == b"0"
         assert booked.entries == []
     finally:
         await replies.aclose()

@@ -1,0 +1,215 @@
+"""Queue test harness: real Redis, simulator replicas as real HTTP servers, workers in-process.
+
+``CountingSim`` wraps the simulator's app with a middleware that records the peak number of chat
+requests it held at once: the number that must never exceed the replica's capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from backends.openai_http import VLLMBackend
+from backends.sim import PROFILES, create_sim_app
+from gateway.accounting.records import LedgerEntry
+from gateway.queue.capacity import SlotLeases
+from gateway.queue.dispatcher import Dispatcher
+from gateway.queue.executor import Executor
+from gateway.queue.jobs import Job, Reply
+from gateway.queue.keys import RedisKeys
+from gateway.queue.pool import BackendPool, Replica
+from gateway.queue.replies import ReplyRouter
+from gateway.queue.worker import Worker
+from router.catalog import Catalog, DeploymentSpec, Tier
+from router.plan import RoutePlan
+
+MODEL = "llama-3.1-8b-instruct"
+
+
+class NoPrices:
+    def cost(self, model: str, usage: object) -> None:
+        return None
+
+
+class Collect:
+    """Stands in for the ledger writer: keeps what the workers book."""
+
+    def __init__(self) -> None:
+        self.entries: list[LedgerEntry] = []
+
+    async def write(self, entry: LedgerEntry) -> None:
+        self.entries.append(entry)
+
+
+@dataclass
+class CountingSim:
+    url: str
+    capacity: int
+    now: int = 0
+    peak: int = 0
+    served: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+async def redis_conn(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def start_sim() -> AsyncIterator[Callable[..., Awaitable[CountingSim]]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(capacity: int, *, time_scale: float = 1.0, itl_s: float = 0.01) -> CountingSim:
+        profile = dataclasses.replace(PROFILES[MODEL], max_num_seqs=capacity, itl_s=itl_s)
+        app = create_sim_app(profile, time_scale=time_scale)
+        sim = CountingSim(url="", capacity=capacity)
+
+        @web.middleware
+        async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.path != "/v1/chat/completions":
+                return await handler(request)
+            sim.now += 1
+            sim.peak = max(sim.peak, sim.now)
+            try:
+                return await handler(request)
+            finally:
+                sim.now -= 1
+                sim.served.append(request.headers.get("x-request-id", ""))
+
+        app.middlewares.append(count)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        sim.url = f"http://127.0.0.1:{port}"
+        return sim
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+@dataclass
+class Node:
+    """One worker process's parts: its pool (own lease owner id), executor, worker."""
+
+    worker: Worker
+    pool: BackendPool
+    session: aiohttp.ClientSession
+
+    async def aclose(self, drain_s: float = 10.0) -> None:
+        await self.worker.aclose(drain_s=drain_s)
+        await self.pool.aclose()
+        await self.session.close()
+
+
+async def start_node(
+    redis: aioredis.Redis,
+    keys: RedisKeys,
+    sims: list[CountingSim],
+    ledger: Collect,
+    name: str,
+    *,
+    lease_ms: int = 30_000,
+    batch_headroom: float = 0.1,
+) -> Node:
+    session = aiohttp.ClientSession()
+    replicas = [
+        Replica(
+            VLLMBackend(name=f"{MODEL}#{i}", base_url=sim.url, session=session),
+            sim.capacity,
+            slot_key=keys.slots("small", f"{MODEL}#{i}"),
+        )
+        for i, sim in enumerate(sims)
+    ]
+    pool = BackendPool(
+        {MODEL: replicas}, leases=SlotLeases(redis, lease_ms=lease_ms), owner=name
+    )
+    pool.start()
+    catalog = Catalog((DeploymentSpec(model=MODEL, tier=Tier.SMALL, max_model_len=16384),))
+    worker = Worker(
+        redis=redis,
+        blocking_redis=redis,
+        keys=keys,
+        executor=Executor(pool, NoPrices(), catalog, {}),
+        ledger=ledger,  # type: ignore[arg-type]
+        capacity={},
+        worker_id=name,
+        claim_ttl_s=60,
+        pool=pool,
+        tiers={"small": [MODEL]},
+        batch_headroom=batch_headroom,
+    )
+    worker.start()
+    return Node(worker, pool, session)
+
+
+def job(
+    request_id: str,
+    edge: str,
+    *,
+    tenant: str = "acme",
+    priority: str = "standard",
+    timeout_s: float = 30.0,
+    max_tokens: int = 8,
+) -> Job:
+    now = time.time()
+    return Job(
+        request_id=request_id,
+        tenant=tenant,
+        principal=tenant,
+        reply_to=edge,
+        plan=RoutePlan(tier=Tier.SMALL, deployments=(MODEL,), rule="pin:tier", reason="test"),
+        body={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"hello {request_id}"}],
+            "max_tokens": max_tokens,
+        },
+        stream=False,
+        enqueued_at=now,
+        deadline=now + timeout_s,
+        received_at=now,
+        priority=priority,
+    )
+
+
+@dataclass
+class Edge:
+    dispatcher: Dispatcher
+    replies: ReplyRouter
+    edge_id: str
+
+    async def call(self, j: Job) -> tuple[Reply, float]:
+        """Submit and wait for the final reply; returns it and the queue wait (s) it reports."""
+        stream = await self.dispatcher.submit(j)
+        async for reply in stream:
+            if reply.kind in ("result", "error", "end"):
+                return reply, float(reply.meta.get("queue_ms", 0.0)) / 1000
+        raise AssertionError("no final reply")
+
+
+@pytest.fixture
+async def edge(redis_conn: aioredis.Redis, key_prefix: str) -> AsyncIterator[Edge]:
+    keys = RedisKeys(key_prefix)
+    replies = ReplyRouter(redis_conn, keys.replies("edge1"), block_ms=200)
+    replies.start()
+    dispatcher = Dispatcher(redis_conn, keys, replies, max_depth=10_000, claim_ttl_s=60)
+    yield Edge(dispatcher, replies, "edge1")
+    await replies.aclose()
+
+
+async def gather_calls(edge: Edge, jobs: list[Job]) -> list[tuple[Reply, float]]:
+    return list(await asyncio.gather(*(edge.call(j) for j in jobs)))
