@@ -1,12 +1,32 @@
-"""tiergate's Prometheus metrics, on a registry of their own (never the process-global one)."""
+"""tiergate's Prometheus metrics, on a registry of their own (never the process-global one).
+
+Every name starts with ``tiergate_`` (vLLM's own metrics keep ``vllm:``). Counters appear with a
+``_total`` suffix in the exposition. ``docs/observability.md`` lists each metric with its labels;
+``deploy/monitoring/`` builds rules and the dashboard on them, and
+``tests/e2e/test_metrics_names.py`` checks that every name used there is exported.
+
+Where the data is observed: the edge (``gateway/api/relay.py``, ``gateway/api/chat.py``) records
+requests, latency, TTFT, inter-token gaps, overhead, route decisions, fallbacks, tokens and cost;
+the worker side calls ``observe_attempts`` with the ledger entry it books; the admin app refreshes
+queue depth on every scrape.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["Metrics"]
+__all__ = ["BREAKER_STATES", "Metrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1)
+_FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+_SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+BREAKER_STATES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
+"""Values of ``tiergate_breaker_state``."""
 
 
 class Metrics:
@@ -15,8 +35,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "tiergate_requests",
-            "Requests answered, by tier and outcome (ok or error code)",
-            ["tier", "outcome"],
+            "Requests answered, by tenant, tier, deployment and outcome (ok or error code)",
+            ["tenant", "tier", "deployment", "outcome"],
             registry=r,
         )
         self.unauthenticated = Counter(
@@ -27,15 +47,55 @@ class Metrics:
         )
         self.latency = Histogram(
             "tiergate_request_duration_seconds",
-            "End-to-end request time at the edge",
-            ["tier", "stream"],
+            "End-to-end request time at the edge (to the last byte of the answer)",
+            ["tier", "deployment", "stream"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tiergate_time_to_first_token_seconds",
+            "Streams: time from request arrival at the edge to its first chunk (queue included)",
+            ["tier", "deployment"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "tiergate_inter_token_latency_seconds",
+            "Streams: gap between successive chunks as the edge relays them",
+            ["tier", "deployment"],
+            buckets=_ITL_BUCKETS,
             registry=r,
         )
         self.overhead = Histogram(
             "tiergate_overhead_seconds",
             "Time spent in tiergate itself (excluding queue wait and backend time)",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+            registry=r,
+        )
+        self.route_time = Histogram(
+            "tiergate_route_decision_seconds",
+            "Time in the router's decide (classifier scoring and planner) per request",
+            ["scored"],
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.classifier_score = Histogram(
+            "tiergate_classifier_score",
+            "Classifier complexity scores of routed requests (0: easy, 1: needs the large tier)",
+            ["tenant"],
+            buckets=_SCORE_BUCKETS,
+            registry=r,
+        )
+        self.route_decisions = Counter(
+            "tiergate_route_decisions",
+            "Route plans made, by tenant, first tier and the rule that decided",
+            ["tenant", "tier", "rule"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "tiergate_fallbacks",
+            "Requests answered by another deployment than the plan's first",
+            ["tier", "planned", "served"],
             registry=r,
         )
         self.queue_wait = Histogram(
@@ -46,7 +106,16 @@ class Metrics:
             registry=r,
         )
         self.tokens = Counter(
-            "tiergate_tokens", "Tokens billed, by tier and kind", ["tier", "kind"], registry=r
+            "tiergate_tokens",
+            "Tokens billed, by tenant, tier and kind (prompt or completion)",
+            ["tenant", "tier", "kind"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "tiergate_cost_usd",
+            "Cost booked, in USD, by tenant, tier and deployment (priced requests only)",
+            ["tenant", "tier", "deployment"],
+            registry=r,
         )
         self.attempts = Counter(
             "tiergate_backend_attempts",
@@ -56,13 +125,36 @@ class Metrics:
         )
         self.unknown_price = Counter(
             "tiergate_unknown_price_requests",
-            "Requests booked without a known price (flagged in the ledger)",
-            ["deployment"],
+            "Answered requests booked without a known price (flagged in the ledger)",
+            ["tenant", "deployment"],
             registry=r,
         )
         self.queue_depth = Gauge(
             "tiergate_queue_depth", "Jobs waiting in a tier's stream", ["tier"], registry=r
         )
+        self.breaker_state = Gauge(
+            "tiergate_breaker_state",
+            "Circuit breaker per deployment: 0 closed, 1 half-open, 2 open",
+            ["deployment"],
+            registry=r,
+        )
         self.ledger_failures = Counter(
             "tiergate_ledger_write_failures", "Ledger entries that could not be written", registry=r
         )
+
+    # -- helpers for callers outside the edge ------------------------------------------------
+
+    def observe_attempts(self, attempts: Iterable[tuple[str, str]]) -> None:
+        """Count backend calls: ``(deployment, outcome)`` pairs, e.g. from a ledger entry's
+        ``attempts`` (``((a.deployment, a.outcome) for a in entry.attempts)``)."""
+        for deployment, outcome in attempts:
+            self.attempts.labels(deployment, outcome).inc()
+
+    def set_breaker(self, deployment: str, state: str) -> None:
+        """Export a breaker's state (``closed``, ``half_open`` or ``open``)."""
+        self.breaker_state.labels(deployment).set(BREAKER_STATES[state])
+
+    def declare_deployments(self, deployments: Iterable[str]) -> None:
+        """Start every deployment's breaker at closed, so the series exists before any trip."""
+        for deployment in deployments:
+            self.breaker_state.labels(deployment).set(BREAKER_STATES["closed"])

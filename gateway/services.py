@@ -159,6 +159,7 @@ async def open_services(
         catalog = build_catalog(settings)
         classifier = load_classifier(settings.router.model_path)
         metrics = Metrics()
+        metrics.declare_deployments(d.model for d in settings.deployments)
 
         edge_id = secrets.token_hex(8)
         replies = ReplyRouter(blocking, redis_keys.replies(edge_id))

@@ -27,6 +27,7 @@ __all__ = [
     "DatabaseSettings",
     "DeploymentSettings",
     "LimitsSettings",
+    "LoggingSettings",
     "PriceSettings",
     "PrincipalSettings",
     "QueueSettings",
@@ -155,6 +156,15 @@ class RouterSettings(_Strict):
     """skops file of the complexity classifier; ``None``: the one shipped in ``router/models``."""
 
 
+class LoggingSettings(_Strict):
+    """Structured logs (docs/observability.md)."""
+
+    format: Literal["json", "text"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    log_prompts: bool = False
+    """Put the request's messages in its access log line; off: no prompt text in any log."""
+
+
 class SimulatorSettings(_Strict):
     """A simulator ``tiergate up`` starts (for development and the demo)."""
 
@@ -179,6 +189,7 @@ class Settings(BaseSettings):
     queue: QueueSettings = QueueSettings()
     limits: LimitsSettings = LimitsSettings()
     router: RouterSettings = RouterSettings()
+    logging: LoggingSettings = LoggingSettings()
     deployments: tuple[DeploymentSettings, ...] = ()
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)
     principals: tuple[PrincipalSettings, ...] = ()

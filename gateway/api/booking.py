@@ -12,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.accounting.records import LedgerEntry
 from gateway.auth.principals import Principal
 from gateway.errors import GatewayError
+from gateway.observability.logging import log_request
 from gateway.services import Services
 from router.plan import RoutePlan
 
@@ -45,7 +46,21 @@ async def book_refusal(
         stream=stream,
         latency_ms=(time.time() - received_at) * 1000,
     )
-    services.metrics.requests.labels(entry.tier or "none", entry.outcome).inc()
+    services.metrics.requests.labels(
+        entry.tenant, entry.tier or "none", entry.deployment or "none", entry.outcome
+    ).inc()
+    log_request(
+        {
+            "request_id": request_id,
+            "tenant": entry.tenant,
+            "tier": entry.tier or "none",
+            "rule": entry.rule,
+            "outcome": entry.outcome,
+            "status": entry.status_code,
+            "stream": stream,
+            "latency_ms": round(entry.latency_ms, 3),
+        }
+    )
     try:
         await services.ledger_writer.write(entry)
     except (RedisError, SQLAlchemyError, OSError):

@@ -17,6 +17,7 @@ from gateway.api.routing import plan_request
 from gateway.auth.access import AUTHENTICATED, access
 from gateway.auth.principals import Principal
 from gateway.errors import GatewayError, PermissionDenied
+from gateway.observability.logging import bind_request_id
 from gateway.queue.jobs import Job
 from gateway.services import Services
 from router.plan import RoutePlan
@@ -30,6 +31,14 @@ def new_request_id() -> str:
     return f"req_{uuid.uuid4().hex}"
 
 
+def observe_plan(services: Services, tenant: str, plan: RoutePlan, seconds: float) -> None:
+    metrics = services.metrics
+    metrics.route_time.labels(str(plan.score is not None).lower()).observe(seconds)
+    metrics.route_decisions.labels(tenant, plan.tier.value, plan.rule).inc()
+    if plan.score is not None:
+        metrics.classifier_score.labels(tenant).observe(plan.score)
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(
     request: Request, services: ServicesDep, principal: Annotated[Principal, access(AUTHENTICATED)]
@@ -38,6 +47,7 @@ async def chat_completions(
     received_at = time.time()
     request_id = new_request_id()
     request.state.request_id = request_id
+    bind_request_id(request_id)
     requested_model = ""
     plan: RoutePlan | None = None
     stream = False
@@ -49,7 +59,9 @@ async def chat_completions(
         admitted = admit(raw, dict(request.headers), services.settings.limits)
         requested_model = admitted.request.model
         stream = admitted.request.stream
+        routed_at = time.perf_counter()
         plan = plan_request(services, tenant, admitted)
+        observe_plan(services, tenant, plan, time.perf_counter() - routed_at)
         timeout_ms = min(
             admitted.meta.timeout_ms or services.settings.queue.default_timeout_ms,
             services.settings.queue.max_timeout_ms,
@@ -78,6 +90,9 @@ async def chat_completions(
             started=started,
             rule=plan.rule,
             wants_usage=admitted.request.wants_usage,
+            tenant=tenant,
+            planned=plan.deployments[0] if plan.deployments else None,
+            prompt=admitted.body.get("messages") if services.settings.logging.log_prompts else None,
         )
         if stream:
             return await sse_response(ctx, first, replies)

@@ -11,6 +11,7 @@ import orjson
 from fastapi.responses import Response, StreamingResponse
 
 from gateway.errors import DeadlineExceeded, GatewayError, ServiceUnavailable, UpstreamFailed
+from gateway.observability.logging import log_request
 from gateway.queue.jobs import Reply
 from gateway.services import Services
 
@@ -30,12 +31,20 @@ class RelayContext:
         started: float,
         rule: str,
         wants_usage: bool,
+        tenant: str = "",
+        planned: str | None = None,
+        prompt: Any = None,
     ) -> None:
         self.services = services
         self.request_id = request_id
         self.started = started
         self.rule = rule
         self.wants_usage = wants_usage
+        self.tenant = tenant
+        self.planned = planned
+        """The plan's first deployment (serving another one is a fallback)."""
+        self.prompt = prompt
+        """Logged with the access line only when ``logging.log_prompts`` is on."""
 
     def headers(self, meta: Mapping[str, Any]) -> dict[str, str]:
         headers = {
@@ -67,14 +76,46 @@ class RelayContext:
     def observe(self, meta: Mapping[str, Any], outcome: str, stream: bool) -> None:
         metrics = self.services.metrics
         tier = str(meta.get("tier") or "none")
-        metrics.requests.labels(tier, outcome).inc()
-        metrics.latency.labels(tier, str(stream).lower()).observe(
-            time.perf_counter() - self.started
-        )
+        deployment = str(meta.get("deployment") or "none")
+        elapsed = time.perf_counter() - self.started
+        metrics.requests.labels(self.tenant, tier, deployment, outcome).inc()
+        metrics.latency.labels(tier, deployment, str(stream).lower()).observe(elapsed)
         metrics.overhead.observe(self.overhead_ms(meta) / 1000)
         metrics.queue_wait.labels(tier).observe(float(meta.get("queue_ms", 0.0)) / 1000)
-        metrics.tokens.labels(tier, "prompt").inc(int(meta.get("prompt_tokens", 0)))
-        metrics.tokens.labels(tier, "completion").inc(int(meta.get("completion_tokens", 0)))
+        prompt_tokens = int(meta.get("prompt_tokens", 0))
+        completion_tokens = int(meta.get("completion_tokens", 0))
+        metrics.tokens.labels(self.tenant, tier, "prompt").inc(prompt_tokens)
+        metrics.tokens.labels(self.tenant, tier, "completion").inc(completion_tokens)
+        cost = meta.get("cost_usd")
+        if cost is not None:
+            metrics.cost.labels(self.tenant, tier, deployment).inc(float(cost))
+        elif prompt_tokens or completion_tokens:
+            metrics.unknown_price.labels(self.tenant, deployment).inc()
+        if self.planned and meta.get("deployment") and deployment != self.planned:
+            metrics.fallbacks.labels(tier, self.planned, deployment).inc()
+        fields = {
+            "request_id": self.request_id,
+            "tenant": self.tenant,
+            "tier": tier,
+            "deployment": deployment,
+            "rule": self.rule,
+            "outcome": outcome,
+            "stream": stream,
+            "latency_ms": round(elapsed * 1000, 3),
+            "queue_ms": round(float(meta.get("queue_ms", 0.0)), 3),
+            "overhead_ms": round(self.overhead_ms(meta), 3),
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "cost_usd": cost,
+        }
+        log_request(fields, prompt=self.prompt)
+
+    def observe_first_chunk(self, meta: Mapping[str, Any]) -> None:
+        tier = str(meta.get("tier") or "none")
+        deployment = str(meta.get("deployment") or "none")
+        self.services.metrics.ttft.labels(tier, deployment).observe(
+            time.perf_counter() - self.started
+        )
 
 
 def _error_from_reply(reply: Reply) -> GatewayError:
@@ -101,7 +142,9 @@ class RelayedError(Exception):
 
 def json_response(ctx: RelayContext, reply: Reply) -> Response:
     if reply.kind == "error":
-        raise RelayedError(_error_from_reply(reply))
+        error = _error_from_reply(reply)
+        ctx.observe(reply.meta, error.outcome, stream=False)
+        raise RelayedError(error)
     meta = reply.meta
     headers = ctx.headers(meta)
     cost = meta.get("cost_usd")
@@ -129,6 +172,16 @@ class _StreamRelay:
         self.route = route
         self.held: dict[str, Any] | None = None
         self.finished = False
+        self.last_chunk_at: float | None = None
+        self.itl = ctx.services.metrics.itl.labels(
+            str(route.get("tier") or "none"), str(route.get("deployment") or "none")
+        )
+
+    def _gap(self) -> None:
+        now = time.perf_counter()
+        if self.last_chunk_at is not None:
+            self.itl.observe(now - self.last_chunk_at)
+        self.last_chunk_at = now
 
     def _flush(self, extra: dict[str, Any] | None = None) -> list[bytes]:
         if self.held is None:
@@ -139,6 +192,7 @@ class _StreamRelay:
 
     def on_reply(self, reply: Reply) -> list[bytes]:
         if reply.kind == "chunk":
+            self._gap()
             chunk = reply.data
             if not chunk.get("choices") and "usage" in chunk and not self.ctx.wants_usage:
                 return []  # usage was asked for billing only
@@ -162,8 +216,11 @@ class _StreamRelay:
 async def sse_response(ctx: RelayContext, first: Reply, replies: AsyncIterator[Reply]) -> Response:
     """``first`` is the stream's first reply (already awaited, so headers are known)."""
     if first.kind == "error":
-        raise RelayedError(_error_from_reply(first))
+        error = _error_from_reply(first)
+        ctx.observe(first.meta, error.outcome, stream=True)
+        raise RelayedError(error)
     relay = _StreamRelay(ctx, first.meta)
+    ctx.observe_first_chunk(first.meta)
 
     async def body() -> AsyncIterator[bytes]:
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -25,10 +24,14 @@ app.command("train")(train_cmd.train)
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file", exists=True)]
 
 
-def configure_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def configure_logging(level: int = logging.INFO, settings: Settings | None = None) -> None:
+    """Text logs until the config is read; then the config's ``logging`` (JSON by default)."""
+    from gateway.observability.logging import configure_logging as configure
+
+    if settings is None:
+        configure(level, fmt="text")
+        return
+    configure(settings.logging.level.upper(), fmt=settings.logging.format)
 
 
 def _load(config: Path, **overrides: object) -> Settings:
@@ -64,6 +67,7 @@ def serve(
 
     configure_logging()
     settings = _load(config)
+    configure_logging(settings=settings)
     server = settings.server.model_copy(
         update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     )
@@ -80,7 +84,9 @@ def worker(
     from gateway.server import serve_worker
 
     configure_logging()
-    _run_async(serve_worker(_load(config), dev=dev))
+    settings = _load(config)
+    configure_logging(settings=settings)
+    _run_async(serve_worker(settings, dev=dev))
 
 
 @app.command()
