@@ -71,13 +71,7 @@ def create_admin_app(services: Services) -> FastAPI:
 
 
 async def _refresh_queue_depth(services: Services) -> None:
-    from redis.exceptions import RedisError
+    from gateway.queue.signals import publish_queue_metrics
 
-    tiers = {spec.tier.value for spec in services.catalog.deployments}
-    with contextlib.suppress(RedisError, OSError):
-        async with services.redis.pipeline(transaction=False) as pipe:
-            for tier in sorted(tiers):
-                pipe.xlen(services.redis_keys.jobs(tier))
-            depths = await pipe.execute()
-        for tier, depth in zip(sorted(tiers), depths, strict=True):
-            services.metrics.queue_depth.labels(tier).set(depth)
+    if services.queue_snapshot is not None:
+        publish_queue_metrics(services.queue_snapshot, services.metrics)

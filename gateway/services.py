@@ -24,12 +24,15 @@ from gateway.accounting.writer import LedgerWriter
 from gateway.auth.keys import KeyStore
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.metrics import Metrics
+from gateway.queue.capacity import SlotLeases
 from gateway.queue.connection import redis_client
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.executor import Executor
 from gateway.queue.keys import RedisKeys
 from gateway.queue.pool import BackendPool, Replica
 from gateway.queue.replies import ReplyRouter
+from gateway.queue.setup import assign_slots, tier_deployments, tier_queues, weights
+from gateway.queue.snapshot import QueueSnapshot
 from gateway.queue.worker import Worker
 from gateway.settings import DeploymentSettings, Settings, read_secret
 from router.catalog import Catalog, DeploymentSpec, TenantPolicy
@@ -61,6 +64,8 @@ class Services:
     metrics: Metrics
     worker: Worker | None
     edge_id: str
+    queue_snapshot: QueueSnapshot | None = None
+    """Cached queue state (expected waits, depths, in-flight), refreshed in the background."""
 
 
 def build_catalog(settings: Settings) -> Catalog:
@@ -166,8 +171,18 @@ async def open_services(
         replies.start()
         stack.push_async_callback(replies.aclose)
         claim_ttl = max(settings.queue.result_ttl_s, 60)
+        snapshot = QueueSnapshot(redis, redis_keys, tier_queues(settings, redis_keys))
+        snapshot.start()
+        stack.push_async_callback(snapshot.aclose)
         dispatcher = Dispatcher(
-            redis, redis_keys, replies, max_depth=settings.queue.max_depth, claim_ttl_s=claim_ttl
+            redis,
+            redis_keys,
+            replies,
+            max_depth=settings.queue.max_depth,
+            claim_ttl_s=claim_ttl,
+            tier_max_depth=settings.queue.tier_max_depth,
+            weights=weights(settings),
+            expected_wait=snapshot.expected_wait,
         )
 
         worker: Worker | None = None
@@ -177,9 +192,16 @@ async def open_services(
                 skip_auto_headers=("User-Agent",),
             )
             stack.push_async_callback(session.close)
+            replicas = {
+                dep.model: _make_backends(dep, session) for dep in settings.deployments
+            }
+            assign_slots(replicas, settings, redis_keys)
             pool = BackendPool(
-                {dep.model: _make_backends(dep, session) for dep in settings.deployments}
+                replicas,
+                leases=SlotLeases(redis, lease_ms=int(settings.queue.slot_lease_s * 1000)),
+                owner=f"w-{edge_id}",
             )
+            pool.start()
             stack.push_async_callback(pool.aclose)
             baselines = {name: prices.baseline_model(t) for name, t in settings.tenants.items()}
             executor = Executor(pool, prices, catalog, baselines)
@@ -192,6 +214,9 @@ async def open_services(
                 capacity=_tier_capacity(settings),
                 worker_id=f"w-{edge_id}",
                 claim_ttl_s=claim_ttl,
+                pool=pool,
+                tiers=tier_deployments(settings),
+                batch_headroom=settings.queue.batch_headroom,
             )
             sink = LedgerSink(
                 redis=redis,
@@ -222,4 +247,5 @@ async def open_services(
             metrics=metrics,
             worker=worker,
             edge_id=edge_id,
+            queue_snapshot=snapshot,
         )

@@ -130,6 +130,8 @@ class TenantSettings(_Strict):
     """Deployment whose prices define the ledger's baseline cost; default: the first large
     deployment."""
     priority: Literal["interactive", "standard", "batch"] = "standard"
+    weight: float = Field(default=1.0, gt=0)
+    """Fair share within a priority lane, relative to the other tenants there."""
 
 
 class QueueSettings(_Strict):
@@ -138,6 +140,12 @@ class QueueSettings(_Strict):
     max_depth: int = Field(default=1000, ge=1)
     """Waiting jobs per tier beyond which new requests get 429."""
     result_ttl_s: int = Field(default=300, ge=1)
+    tier_max_depth: dict[str, int] = Field(default_factory=dict)
+    """Per-tier override of ``max_depth``."""
+    batch_headroom: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Share of a tier's slots that batch-lane work may not take (kept for interactive)."""
+    slot_lease_s: float = Field(default=30.0, gt=1.0)
+    """Lifetime of a replica slot lease; held ones are renewed, a dead process's expire."""
     workers_per_process: int = Field(default=1, ge=0)
 
 
