@@ -135,9 +135,7 @@ async def start_node(
         )
         for i, sim in enumerate(sims)
     ]
-    pool = BackendPool(
-        {MODEL: replicas}, leases=SlotLeases(redis, lease_ms=lease_ms), owner=name
-    )
+    pool = BackendPool({MODEL: replicas}, leases=SlotLeases(redis, lease_ms=lease_ms), owner=name)
     pool.start()
     catalog = Catalog((DeploymentSpec(model=MODEL, tier=Tier.SMALL, max_model_len=16384),))
     worker = Worker(

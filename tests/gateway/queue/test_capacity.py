@@ -32,7 +32,10 @@ async def test_leases_refuse_over_the_limit_and_expire(
 
 
 async def test_two_workers_never_exceed_a_replicas_capacity(
-    redis_conn: aioredis.Redis, key_prefix: str, start_sim, edge: Edge  # type: ignore[no-untyped-def]
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    start_sim,
+    edge: Edge,  # type: ignore[no-untyped-def]
 ) -> None:
     """Two worker "processes" (own pools, own lease owners) share one replica of capacity 3;
     each alone could send 3, so without global leases the replica would see up to 6."""
