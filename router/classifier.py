@@ -6,12 +6,19 @@ script). Putting the structural features into the text keeps the pipeline made o
 scikit-learn parts only, so the model file needs no custom code to load. ``model_text`` is the
 one place that text is built, for training and for scoring alike; changing it changes what a
 model file means, so bump ``MODEL_TEXT_VERSION`` when you do.
+
+Calibration: scores are a ranking, not probabilities. A model file records its **share curve**
+(``share_thresholds``): for each target share of traffic to the large tier, 0 %, 1 %, …, 100 %,
+the score threshold at which that share of the validation mix (equal weight to everyday
+instructions, arena-hard, MMLU-Pro and GSM8K prompts) scores at or above it.
+``threshold_for_share`` interpolates it; a tenant's ``large_share: 0.3`` becomes
+``classifier.threshold_for_share(0.3)``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,9 +30,11 @@ from router.features import PromptFeatures, clip
 __all__ = [
     "META_PREFIX",
     "MODEL_TEXT_VERSION",
+    "CalibratedClassifier",
     "Classifier",
     "SklearnClassifier",
     "model_text",
+    "threshold_for_share",
 ]
 
 MODEL_TEXT_VERSION = 1
@@ -38,6 +47,29 @@ class Classifier(Protocol):
     """Scores a prompt: P(the large model is needed), in [0, 1]."""
 
     def score(self, features: PromptFeatures) -> float: ...
+
+
+@runtime_checkable
+class CalibratedClassifier(Classifier, Protocol):
+    """A classifier that can turn a target share of large-tier traffic into a threshold."""
+
+    def threshold_for_share(self, share: float) -> float: ...
+
+
+def threshold_for_share(curve: Sequence[float], share: float) -> float:
+    """The threshold that sends ``share`` of traffic large, from an evenly spaced share curve.
+
+    ``curve[i]`` is the threshold for share ``i / (len(curve) - 1)`` (non-increasing); values
+    between are interpolated linearly; ``share`` is clamped to [0, 1]. Pure, O(1).
+    """
+    if len(curve) < 2:
+        raise ValueError("a share curve needs at least two points")
+    if math.isnan(share):
+        raise ValueError("share is NaN")
+    position = min(1.0, max(0.0, share)) * (len(curve) - 1)
+    low = min(int(position), len(curve) - 2)
+    fraction = position - low
+    return float(curve[low] + fraction * (curve[low + 1] - curve[low]))
 
 
 def _length_bucket(chars: int) -> int:
@@ -168,7 +200,7 @@ class SklearnClassifier:
     construction); ``fast`` says whether it is in use, else the pipeline itself is called.
     """
 
-    __slots__ = ("_fast", "_positive_index", "metadata", "pipeline")
+    __slots__ = ("_fast", "_positive_index", "_share_curve", "metadata", "pipeline")
 
     def __init__(self, pipeline: Any, *, metadata: dict[str, Any] | None = None) -> None:
         classes = list(getattr(pipeline, "classes_", [0, 1]))
@@ -178,6 +210,8 @@ class SklearnClassifier:
         self.metadata: dict[str, Any] = dict(metadata or {})
         self._positive_index = classes.index(1)
         self._fast = self._verified_fast_path()
+        curve = self.metadata.get("share_thresholds")
+        self._share_curve = tuple(float(v) for v in curve) if curve else None
 
     def _verified_fast_path(self) -> _HashedLinearScorer | None:
         fast = _HashedLinearScorer.from_pipeline(self.pipeline)
@@ -197,6 +231,16 @@ class SklearnClassifier:
         """The default threshold chosen at training time, if the model file records one."""
         value = self.metadata.get("threshold")
         return None if value is None else float(value)
+
+    def threshold_for_share(self, share: float) -> float:
+        """The threshold at which ``share`` (0..1) of the validation mix goes large.
+
+        Raises ``ValueError`` for a model file without a share curve (trained before
+        calibration was recorded; retrain with ``tiergate train``).
+        """
+        if self._share_curve is None:
+            raise ValueError("this model file records no share curve; retrain it")
+        return threshold_for_share(self._share_curve, share)
 
     def score(self, features: PromptFeatures) -> float:
         text = model_text(features)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gateway.auth.keys import MissingKeys
-from gateway.cli import demo_cmd, ledger_cmd, train_cmd, up_cmd
+from gateway.cli import classify_cmd, demo_cmd, ledger_cmd, train_cmd, up_cmd
 from gateway.settings import Settings, load_settings
 
 __all__ = ["app", "main"]
@@ -20,6 +20,8 @@ app.command("report")(ledger_cmd.report)
 app.command("up")(up_cmd.up)
 app.command("demo")(demo_cmd.demo)
 app.command("train")(train_cmd.train)
+app.command("classify")(classify_cmd.classify)
+app.command("eval")(classify_cmd.evaluate)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file", exists=True)]
 

@@ -52,3 +52,17 @@ def train(
         f"everyday-vs-hard AUC {ev.everyday_vs_hard_auc:.3f}; threshold {ev.threshold:.3f} "
         f"sends {ev.large_share.get('mix', float('nan')):.0%} of the mix to the large tier"
     )
+    ours, length = ev.mmlu_apgr.get("classifier", {}), ev.mmlu_apgr.get("prompt_length", {})
+    if ours and length:
+        console.print(
+            f"MMLU-Pro APGR {ours['apgr']:.3f} {_interval(ours.get('apgr_ci95'))}, "
+            f"prompt length {length['apgr']:.3f} {_interval(length.get('apgr_ci95'))}, "
+            f"difference {ours['apgr_minus_prompt_length']:+.3f} "
+            f"{_interval(ours.get('apgr_minus_prompt_length_ci95'))} (bootstrap 95%)"
+        )
+
+
+def _interval(value: object) -> str:
+    if isinstance(value, list | tuple) and len(value) == 2:
+        return f"[{float(value[0]):.3f}, {float(value[1]):.3f}]"
+    return ""

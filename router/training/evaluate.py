@@ -10,6 +10,11 @@ All numbers are computed on the validation split (``router.training.data.is_vali
   all-70B and random routing with the same large share.
 * ``threshold``: the score at which ``target_large_share`` of the *mix* goes large; the mix
   gives equal weight to four groups: everyday instructions, arena-hard, MMLU-Pro and GSM8K.
+* ``share_thresholds``: the same for every share 0 %, 1 %, …, 100 % (the share curve the model
+  file ships; ``SklearnClassifier.threshold_for_share`` reads it).
+* ``mmlu_apgr``: APGR (``router.training.apgr``) on the MMLU-Pro validation rows with the 8B
+  and 70B outcomes as qualities, with a bootstrap 95 % interval, next to the prompt-length
+  router's and the paired difference.
 """
 
 from __future__ import annotations
@@ -24,10 +29,24 @@ from sklearn.metrics import roc_auc_score
 
 from router.classifier import SklearnClassifier, model_text
 from router.features import PromptFeatures
+from router.training.apgr import compare_routers, length_scores
 from router.training.data import Row, group_key, is_validation, load_rows
 from router.training.labels import ARENA_HARD_SOURCES, EVERYDAY_SOURCES, needs_large
 
-__all__ = ["MIX_GROUPS", "EvalReport", "evaluate", "evaluate_rows", "mix_group", "split_rows"]
+__all__ = [
+    "MIX_GROUPS",
+    "SHARE_POINTS",
+    "EvalReport",
+    "evaluate",
+    "evaluate_rows",
+    "mix_group",
+    "share_curve",
+    "split_rows",
+]
+
+SHARE_POINTS = 101
+"""The share curve's resolution: shares 0, 0.01, …, 1."""
+BOOTSTRAP_RESAMPLES = 1000
 
 MIX_GROUPS = ("everyday", "arena_hard", "mmlu_pro", "gsm8k")
 
@@ -69,6 +88,8 @@ class EvalReport:
     large_share: dict[str, float]
     """Share at or above ``threshold``: per group and for the equal-weight ``mix``."""
     routed: dict[str, float] = field(default_factory=dict)
+    share_thresholds: list[float] = field(default_factory=list)
+    mmlu_apgr: dict[str, dict[str, object]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,15 +101,48 @@ def _auc(labels: Sequence[bool], scores: Sequence[float]) -> float:
     return round(float(roc_auc_score(np.asarray(labels), np.asarray(scores))), 4)
 
 
-def choose_threshold(scores: Mapping[str, np.ndarray], share: float) -> float:
-    """The score at which ``share`` of the equal-weight mix of ``scores`` groups goes large."""
+def _unrounded_threshold(scores: Mapping[str, np.ndarray], share: float) -> float:
     groups = [values for values in scores.values() if len(values)]
     values = np.concatenate(groups)
     weights = np.concatenate([np.full(len(g), 1.0 / (len(g) * len(groups))) for g in groups])
     order = np.argsort(-values, kind="stable")
     cumulative = np.cumsum(weights[order])
     position = min(int(np.searchsorted(cumulative, share)), len(values) - 1)
-    return round(float(values[order][position]), 3)
+    return float(values[order][position])
+
+
+def choose_threshold(scores: Mapping[str, np.ndarray], share: float) -> float:
+    """The score at which ``share`` of the equal-weight mix of ``scores`` groups goes large."""
+    return round(_unrounded_threshold(scores, share), 3)
+
+
+def share_curve(scores: Mapping[str, np.ndarray], points: int = SHARE_POINTS) -> list[float]:
+    """Thresholds for shares 0, 1/(points-1), …, 1 of the equal-weight mix (non-increasing)."""
+    if not any(len(values) for values in scores.values()):
+        return []
+    shares = np.linspace(0.0, 1.0, points)
+    return [round(_unrounded_threshold(scores, float(share)), 6) for share in shares]
+
+
+def _mmlu_apgr(
+    rows: Sequence[Row], scores: np.ndarray, resamples: int
+) -> dict[str, dict[str, object]]:
+    if not rows:
+        return {}
+    weak = [float(bool(row.weak_correct)) for row in rows]
+    strong = [float(bool(row.strong_correct)) for row in rows]
+    routers = {"classifier": scores, "prompt_length": length_scores([r.prompt for r in rows])}
+    result = compare_routers(routers, weak, strong, resamples=resamples, baseline="prompt_length")
+    return {
+        name: {k: round(v, 4) if isinstance(v, float) else _round_list(v) for k, v in m.items()}
+        for name, m in result.items()
+    }
+
+
+def _round_list(value: object) -> object:
+    if isinstance(value, list):
+        return [round(float(v), 4) for v in value]
+    return value
 
 
 def _mix_share(scores: Mapping[str, np.ndarray], threshold: float) -> dict[str, float]:
@@ -121,8 +175,12 @@ def evaluate_rows(
     *,
     target_large_share: float,
     threshold: float | None = None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
 ) -> EvalReport:
-    """Metrics over ``validation``; ``threshold=None`` chooses it for ``target_large_share``."""
+    """Metrics over ``validation``; ``threshold=None`` chooses it for ``target_large_share``.
+
+    ``resamples`` is the number of bootstrap resamples behind ``mmlu_apgr``'s intervals.
+    """
     texts = [model_text(PromptFeatures.from_text(row.prompt)) for row in validation]
     scores = np.asarray(classifier.score_texts(texts)) if texts else np.zeros(0)
     groups = np.array([mix_group(row) for row in validation])
@@ -165,6 +223,8 @@ def evaluate_rows(
         target_large_share=target_large_share,
         large_share=_mix_share(by_group, threshold),
         routed=_routed(mmlu_rows, mmlu_scores, threshold) if mmlu_rows else {},
+        share_thresholds=share_curve(by_group),
+        mmlu_apgr=_mmlu_apgr(mmlu_rows, mmlu_scores, resamples),
     )
 
 
@@ -196,5 +256,9 @@ def evaluate(
     )
     _, validation = split_rows(load_rows(data_dir), seed=seed, fraction=fraction)
     return evaluate_rows(
-        classifier, validation, target_large_share=share, threshold=classifier.threshold
+        classifier,
+        validation,
+        target_large_share=share,
+        threshold=classifier.threshold,
+        resamples=int(meta.get("bootstrap_resamples", BOOTSTRAP_RESAMPLES)),
     )

@@ -37,8 +37,9 @@ CARD_NOTES = (
     "Score = P(8B wrong and 70B right) as learnt from MMLU-Pro outcomes plus weak labels "
     "(everyday instructions 0, arena-hard 0.7 / creative 0.5, GSM8K by step count); see "
     "router/training/labels.py.",
-    "Not calibrated: use the threshold (chosen for target_large_share of an equal-weight mix "
-    "of everyday, arena-hard, MMLU-Pro and GSM8K validation prompts), not 0.5.",
+    "Not calibrated as a probability: use the threshold (chosen for target_large_share of an "
+    "equal-weight mix of everyday, arena-hard, MMLU-Pro and GSM8K validation prompts) or the "
+    "share curve (metrics.share_thresholds, threshold_for_share), not 0.5.",
     "On MMLU-Pro's real outcomes the model is close to chance (see metrics.mmlu_auc and "
     "metrics.routed); most of its separation comes from the weak labels, and with them the "
     "style of their collections.",
@@ -55,6 +56,8 @@ class TrainConfig:
     """Share of the everyday/hard mix the default threshold sends to the large tier."""
     max_rows_per_source: int | None = None
     """Subsample each source to at most this many rows (quick runs and tests)."""
+    bootstrap_resamples: int = 1000
+    """Resamples behind the validation APGR intervals (fewer: quicker, rougher)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,12 +183,19 @@ def train(
     _fit_model(pipeline, matrix, labelled)
     classifier = SklearnClassifier(pipeline)
     step("evaluate")
-    evaluation = evaluate_rows(classifier, validation, target_large_share=config.target_large_share)
+    evaluation = evaluate_rows(
+        classifier,
+        validation,
+        target_large_share=config.target_large_share,
+        resamples=config.bootstrap_resamples,
+    )
     classifier.metadata.update(
         threshold=evaluation.threshold,
         seed=seed,
         validation_fraction=config.validation_fraction,
         target_large_share=config.target_large_share,
+        share_thresholds=evaluation.share_thresholds,
+        bootstrap_resamples=config.bootstrap_resamples,
     )
     step("save")
     save_classifier(classifier, out)
