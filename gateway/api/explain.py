@@ -1,0 +1,64 @@
+"""``POST /v1/route/explain``: the plan the router would make for a chat request, without
+calling a model, queueing anything or writing the ledger."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+
+from gateway.api.admission import admit, read_body
+from gateway.api.deps import ServicesDep
+from gateway.api.routing import plan_request
+from gateway.auth.access import ADMIN, RULES, TENANT, access
+from gateway.auth.principals import Principal
+from gateway.errors import InvalidRequest, NotFound, PermissionDenied
+from gateway.rules.edge import rule_inputs
+from gateway.services import Services
+
+__all__ = ["explained_tenant", "router"]
+
+router = APIRouter()
+
+
+def explained_tenant(services: Services, principal: Principal, tenant: str | None) -> str:
+    """Whose rules: a tenant or rules key explains its own tenant; admin names one."""
+    own = principal.tenant
+    if tenant is None:
+        if own is None:
+            raise InvalidRequest("name the tenant: ?tenant=<name>", param="tenant")
+        tenant = own
+    if not principal.is_admin and tenant != own:
+        raise PermissionDenied(f"principal {principal.name!r} may not explain tenant {tenant!r}")
+    if tenant not in services.policies:
+        raise NotFound(f"unknown tenant {tenant!r}", param="tenant")
+    return tenant
+
+
+@router.post("/v1/route/explain")
+async def explain(
+    request: Request,
+    services: ServicesDep,
+    principal: Annotated[Principal, access(TENANT, RULES, ADMIN)],
+    tenant: Annotated[str | None, Query()] = None,
+) -> dict[str, Any]:
+    name = explained_tenant(services, principal, tenant)
+    raw = await read_body(request, services.settings.limits.max_body_bytes)
+    admitted = admit(raw, dict(request.headers), services.settings.limits)
+    inputs = await rule_inputs(services.rules, name, admitted)
+    plan = plan_request(services, name, admitted, inputs)
+    body = plan.to_dict()
+    body["skipped_rules"] = [{"rule": rid, "why": why} for rid, why in plan.skipped_rules]
+    return {
+        "object": "route.plan",
+        "tenant": name,
+        **body,
+        "rules_version": inputs.version,
+        "conversation": {
+            "key": inputs.context.conversation,
+            "sticky_tier": None
+            if inputs.context.sticky_tier is None
+            else inputs.context.sticky_tier.value,
+        },
+        "estimated_prompt_tokens": admitted.features.estimated_prompt_tokens,
+    }

@@ -1,0 +1,28 @@
+"""SQL tables of the rules: one row per version of a tenant's rule file."""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, Text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["create_rules_schema", "rule_versions"]
+
+metadata = MetaData()
+
+rule_versions = Table(
+    "rule_versions",
+    metadata,
+    Column("tenant", String(128), primary_key=True),
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("author", String(256), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("action", String(16), nullable=False),  # put | delete | rollback
+    Column("source", Text, nullable=True),  # the rule file as written; NULL: deleted
+    Column("diff", Text, nullable=False),  # unified diff from the previous version
+    Column("restored", Integer, nullable=True),  # a rollback: the version it restored
+)
+
+
+async def create_rules_schema(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)

@@ -1,0 +1,166 @@
+"""``SqlRuleStore``: every version of every tenant's rules, in SQL (the ledger's database).
+
+A change never overwrites: ``put``, ``delete`` and ``rollback`` each append a version with its
+author (the principal's name), time and a unified diff from the version before. The newest
+version of a tenant is what runs; a deleted one (``source`` ``None``) means no rules.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gateway.accounting.ledger import create_ledger_engine
+from gateway.rules.schema import create_rules_schema, rule_versions
+
+__all__ = ["GLOBAL", "RuleVersion", "SqlRuleStore"]
+
+GLOBAL = "_global"
+"""The pseudo-tenant whose rules apply to every tenant after its own."""
+_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RuleVersion:
+    tenant: str
+    version: int
+    author: str
+    created_at: datetime
+    action: str
+    source: str | None
+    diff: str
+    restored: int | None = None
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "tenant": self.tenant,
+            "version": self.version,
+            "author": self.author,
+            "created_at": self.created_at.isoformat(),
+            "action": self.action,
+            "restored": self.restored,
+            "diff": self.diff,
+        }
+
+
+def _version(row: Mapping[Any, Any]) -> RuleVersion:
+    created = row["created_at"]
+    if created.tzinfo is None:  # SQLite returns naive datetimes
+        created = created.replace(tzinfo=UTC)
+    return RuleVersion(
+        tenant=row["tenant"],
+        version=int(row["version"]),
+        author=row["author"],
+        created_at=created,
+        action=row["action"],
+        source=row["source"],
+        diff=row["diff"],
+        restored=row["restored"],
+    )
+
+
+def unified_diff(before: str | None, after: str | None, version: int) -> str:
+    lines = difflib.unified_diff(
+        (before or "").splitlines(keepends=True),
+        (after or "").splitlines(keepends=True),
+        fromfile=f"v{version - 1}",
+        tofile=f"v{version}",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+class SqlRuleStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    @classmethod
+    async def connect(cls, url: str) -> SqlRuleStore:
+        """Open the database and create the rule tables if missing."""
+        engine = create_ledger_engine(url)
+        await create_rules_schema(engine)
+        return cls(engine)
+
+    async def aclose(self) -> None:
+        await self._engine.dispose()
+
+    async def heads(self) -> dict[str, int]:
+        """Every tenant's newest version number (the hot-reload version check)."""
+        query = select(rule_versions.c.tenant, func.max(rule_versions.c.version)).group_by(
+            rule_versions.c.tenant
+        )
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return {str(tenant): int(version) for tenant, version in rows}
+
+    async def current(self, tenant: str) -> RuleVersion | None:
+        async with self._engine.connect() as conn:
+            return await self._latest(conn, tenant)
+
+    async def get(self, tenant: str, version: int) -> RuleVersion | None:
+        query = select(rule_versions).where(
+            rule_versions.c.tenant == tenant, rule_versions.c.version == version
+        )
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(query)).mappings().first()
+        return None if row is None else _version(row)
+
+    async def history(self, tenant: str) -> list[RuleVersion]:
+        query = (
+            select(rule_versions)
+            .where(rule_versions.c.tenant == tenant)
+            .order_by(rule_versions.c.version)
+        )
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [_version(row) for row in rows]
+
+    async def append(
+        self,
+        tenant: str,
+        source: str | None,
+        *,
+        author: str,
+        action: str,
+        restored: int | None = None,
+    ) -> RuleVersion:
+        """Add the next version; concurrent writers each get their own number."""
+        for attempt in range(_ATTEMPTS):
+            try:
+                async with self._engine.begin() as conn:
+                    latest = await self._latest(conn, tenant)
+                    number = 1 if latest is None else latest.version + 1
+                    before = None if latest is None else latest.source
+                    row: dict[str, Any] = {
+                        "tenant": tenant,
+                        "version": number,
+                        "author": author,
+                        "created_at": datetime.now(UTC),
+                        "action": action,
+                        "source": source,
+                        "diff": unified_diff(before, source, number),
+                        "restored": restored,
+                    }
+                    await conn.execute(insert(rule_versions).values(**row))
+                return _version(row)
+            except IntegrityError:
+                if attempt == _ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    async def _latest(conn: AsyncConnection, tenant: str) -> RuleVersion | None:
+        query = (
+            select(rule_versions)
+            .where(rule_versions.c.tenant == tenant)
+            .order_by(rule_versions.c.version.desc())
+            .limit(1)
+        )
+        row = (await conn.execute(query)).mappings().first()
+        return None if row is None else _version(row)
