@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.api import chat, health, models, reports
+from gateway.api import chat, explain, health, models, reports, rules
 from gateway.api.errors import install_error_handlers
 from gateway.auth.access import PUBLIC, access
 from gateway.services import Services, open_services
@@ -52,6 +52,8 @@ def create_app(
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(reports.router)
+    app.include_router(explain.router)
+    app.include_router(rules.router)
     app.include_router(health.router)
     return app
 

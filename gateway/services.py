@@ -11,6 +11,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -34,6 +35,8 @@ from gateway.queue.replies import ReplyRouter
 from gateway.queue.setup import assign_slots, tier_deployments, tier_queues, weights
 from gateway.queue.snapshot import QueueSnapshot
 from gateway.queue.worker import Worker
+from gateway.rules.edge import RulesRuntime
+from gateway.rules.setup import open_rules
 from gateway.settings import DeploymentSettings, Settings, read_secret
 from router.catalog import Catalog, DeploymentSpec, TenantPolicy
 from router.classifier import Classifier
@@ -66,13 +69,24 @@ class Services:
     edge_id: str
     queue_snapshot: QueueSnapshot | None = None
     """Cached queue state (expected waits, depths, in-flight), refreshed in the background."""
+    rules: RulesRuntime | None = None
+    """Routing rules (SQL versions, hot reload) and sticky conversations (docs/rules.md)."""
 
 
-def build_catalog(settings: Settings) -> Catalog:
+def build_catalog(settings: Settings, prices: PriceBook | None = None) -> Catalog:
+    def price(model: str) -> tuple[Decimal | None, Decimal | None]:
+        known = prices.price_of(model) if prices is not None else None
+        return (None, None) if known is None else (known.input_per_token, known.output_per_token)
+
     return Catalog(
         tuple(
             DeploymentSpec(
-                model=d.model, tier=d.tier, max_model_len=d.max_model_len, provider=d.provider
+                model=d.model,
+                tier=d.tier,
+                max_model_len=d.max_model_len,
+                provider=d.provider,
+                input_usd_per_token=price(d.model)[0],
+                output_usd_per_token=price(d.model)[1],
             )
             for d in settings.deployments
         )
@@ -161,7 +175,8 @@ async def open_services(
             meter=ThroughputMeter(redis, redis_keys.prefix),
             prices=prices,
         )
-        catalog = build_catalog(settings)
+        catalog = build_catalog(settings, prices)
+        rules = await open_rules(settings, redis, catalog, stack)
         classifier = load_classifier(settings.router.model_path)
         metrics = Metrics()
         metrics.declare_deployments(d.model for d in settings.deployments)
@@ -248,4 +263,5 @@ async def open_services(
             worker=worker,
             edge_id=edge_id,
             queue_snapshot=snapshot,
+            rules=rules,
         )

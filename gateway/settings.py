@@ -34,6 +34,7 @@ __all__ = [
     "RedisSettings",
     "ReplicaSettings",
     "RouterSettings",
+    "RulesSettings",
     "ServerSettings",
     "Settings",
     "SimulatorSettings",
@@ -164,6 +165,15 @@ class RouterSettings(_Strict):
     """skops file of the complexity classifier; ``None``: the one shipped in ``router/models``."""
 
 
+class RulesSettings(_Strict):
+    """Routing rules (docs/rules.md): hot reload and conversation stickiness."""
+
+    poll_interval_s: float = Field(default=0.5, gt=0, le=60)
+    """How often each process checks the rule versions in SQL (pub/sub is the fast path)."""
+    sticky_ttl_s: int = Field(default=86_400, ge=1)
+    """How long a conversation that went large stays large after its last turn."""
+
+
 class LoggingSettings(_Strict):
     """Structured logs (docs/observability.md)."""
 
@@ -197,6 +207,7 @@ class Settings(BaseSettings):
     queue: QueueSettings = QueueSettings()
     limits: LimitsSettings = LimitsSettings()
     router: RouterSettings = RouterSettings()
+    rules: RulesSettings = RulesSettings()
     logging: LoggingSettings = LoggingSettings()
     deployments: tuple[DeploymentSettings, ...] = ()
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)

@@ -19,6 +19,7 @@ from gateway.auth.principals import Principal
 from gateway.errors import GatewayError, PermissionDenied
 from gateway.observability.logging import bind_request_id
 from gateway.queue.jobs import Job
+from gateway.rules.edge import capped_body, hold_conversation, rule_inputs
 from gateway.services import Services
 from router.plan import RoutePlan
 
@@ -60,7 +61,9 @@ async def chat_completions(
         requested_model = admitted.request.model
         stream = admitted.request.stream
         routed_at = time.perf_counter()
-        plan = plan_request(services, tenant, admitted)
+        inputs = await rule_inputs(services.rules, tenant, admitted)
+        plan = plan_request(services, tenant, admitted, inputs)
+        await hold_conversation(services.rules, tenant, inputs, plan)
         observe_plan(services, tenant, plan, time.perf_counter() - routed_at)
         timeout_ms = min(
             admitted.meta.timeout_ms or services.settings.queue.default_timeout_ms,
@@ -73,14 +76,14 @@ async def chat_completions(
             principal=principal.name,
             reply_to=services.edge_id,
             plan=plan,
-            body=admitted.body,
+            body=capped_body(admitted.body, plan),
             stream=stream,
             enqueued_at=time.time(),
             deadline=received_at + timeout_ms / 1000,
             received_at=received_at,
             app=admitted.meta.app,
             tags=admitted.meta.tags,
-            priority=admitted.meta.priority or policy_priority,
+            priority=plan.priority or admitted.meta.priority or policy_priority,
         )
         replies = await services.dispatcher.submit(job)
         first = await anext(replies)

@@ -12,7 +12,7 @@ from gateway.api.deps import ServicesDep
 from gateway.api.routing import plan_request
 from gateway.auth.access import ADMIN, RULES, TENANT, access
 from gateway.auth.principals import Principal
-from gateway.errors import InvalidRequest, NotFound, PermissionDenied
+from gateway.errors import InvalidRequest, ModelNotFound, PermissionDenied
 from gateway.rules.edge import rule_inputs
 from gateway.services import Services
 
@@ -31,7 +31,7 @@ def explained_tenant(services: Services, principal: Principal, tenant: str | Non
     if not principal.is_admin and tenant != own:
         raise PermissionDenied(f"principal {principal.name!r} may not explain tenant {tenant!r}")
     if tenant not in services.policies:
-        raise NotFound(f"unknown tenant {tenant!r}", param="tenant")
+        raise ModelNotFound(f"unknown tenant {tenant!r}", code="not_found", param="tenant")
     return tenant
 
 

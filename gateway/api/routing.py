@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gateway.api.admission import Admitted
 from gateway.errors import ContextTooLong, GatewayError, ModelNotFound, PermissionDenied
+from gateway.rules.edge import RuleInputs
 from gateway.services import Services
 from router.catalog import Signals
 from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, UnknownModel
@@ -31,7 +32,10 @@ def _signals(services: Services) -> Signals:
     return Signals(expected_wait_s=snapshot.expected_waits())
 
 
-def plan_request(services: Services, tenant: str, admitted: Admitted) -> RoutePlan:
+def plan_request(
+    services: Services, tenant: str, admitted: Admitted, inputs: RuleInputs | None = None
+) -> RoutePlan:
+    """``inputs``: the tenant's rules and the request's context (``gateway.rules.rule_inputs``)."""
     try:
         return decide(
             requested_model=admitted.request.model,
@@ -41,6 +45,8 @@ def plan_request(services: Services, tenant: str, admitted: Admitted) -> RoutePl
             catalog=services.catalog,
             signals=_signals(services),
             classifier=services.classifier,
+            rules=None if inputs is None else inputs.rules,
+            context=None if inputs is None else inputs.context,
         )
     except RoutingError as exc:
         raise routing_error(exc) from None

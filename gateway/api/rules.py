@@ -16,7 +16,7 @@ from gateway.api.admission import read_body
 from gateway.api.deps import ServicesDep
 from gateway.auth.access import ADMIN, RULES, TENANT, access
 from gateway.auth.principals import Principal
-from gateway.errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
+from gateway.errors import InvalidRequest, ModelNotFound, PermissionDenied, ServiceUnavailable
 from gateway.rules.edge import RulesRuntime
 from gateway.rules.store import GLOBAL, RuleVersion
 from gateway.services import Services
@@ -39,7 +39,7 @@ def _runtime(services: Services) -> RulesRuntime:
 
 def _known(services: Services, tenant: str) -> None:
     if tenant != GLOBAL and tenant not in services.policies:
-        raise NotFound(f"unknown tenant {tenant!r}", param="tenant")
+        raise ModelNotFound(f"unknown tenant {tenant!r}", code="not_found", param="tenant")
 
 
 def _may_read(principal: Principal, tenant: str) -> None:
@@ -149,7 +149,9 @@ async def rule_version(
     _known(services, tenant)
     found = await _runtime(services).registry.store.get(tenant, version)
     if found is None:
-        raise NotFound(f"tenant {tenant!r} has no rules version {version}", param="version")
+        raise ModelNotFound(
+            f"tenant {tenant!r} has no rules version {version}", code="not_found", param="version"
+        )
     return _view(found, tenant)
 
 
@@ -162,5 +164,7 @@ async def rollback_rules(
     _known(services, tenant)
     version = await _runtime(services).registry.rollback(tenant, to, author=principal.name)
     if version is None:
-        raise NotFound(f"tenant {tenant!r} has no rules version {to}", param="to")
+        raise ModelNotFound(
+            f"tenant {tenant!r} has no rules version {to}", code="not_found", param="to"
+        )
     return _view(version, tenant)

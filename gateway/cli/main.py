@@ -9,13 +9,14 @@ from typing import Annotated
 import typer
 
 from gateway.auth.keys import MissingKeys
-from gateway.cli import classify_cmd, demo_cmd, ledger_cmd, train_cmd, up_cmd
+from gateway.cli import classify_cmd, demo_cmd, ledger_cmd, rules_cmd, train_cmd, up_cmd
 from gateway.settings import Settings, load_settings
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(ledger_cmd.ledger_app, name="ledger")
+app.add_typer(rules_cmd.rules_app, name="rules")
 app.command("report")(ledger_cmd.report)
 app.command("up")(up_cmd.up)
 app.command("demo")(demo_cmd.demo)
