@@ -21,10 +21,9 @@ def mmlu(weak: bool, strong: bool) -> Row:
 @pytest.mark.parametrize(
     ("row", "p", "weight"),
     [
-        (mmlu(False, True), 1.0, 2.0),
-        (mmlu(True, True), 0.0, 2.0),
-        (mmlu(True, False), 0.0, 2.0),
-        (mmlu(False, False), 0.0, 2.0),
+        (mmlu(False, True), 1.0, 0.5),
+        (mmlu(True, True), 0.0, 0.5),
+        (mmlu(True, False), 0.0, 0.5),
         (Row("v/1", "vicuna_bench", "How are you?"), 0.0, 5.0),
         (Row("s/1", "self_instruct_seed_tasks", "Name a colour."), 0.0, 5.0),
         (Row("a/1", "arena_hard_v0.1", "Write a compiler."), 0.7, 2.0),
@@ -39,11 +38,11 @@ def test_label_scheme(row: Row, p: float, weight: float) -> None:
     assert target.weight == pytest.approx(weight)
 
 
-def test_both_wrong_is_labelled_zero_by_default_or_dropped() -> None:
+def test_both_wrong_is_dropped_by_default_or_labelled_zero() -> None:
     row = mmlu(False, False)
-    assert targets([row], LabelScheme(both_wrong=BothWrong.DROP)) == []
-    (target,) = targets([row], LabelScheme(both_wrong_weight=0.5))
-    assert (target.p, target.weight) == (0.0, 1.0)
+    assert targets([row], LabelScheme()) == []
+    (target,) = targets([row], LabelScheme(both_wrong=BothWrong.ZERO))
+    assert (target.p, target.weight) == (0.0, 0.25)
     assert needs_large(row) is False
     assert needs_large(Row("x", "vicuna_bench", "hi")) is None
 
