@@ -24,8 +24,10 @@ from pydantic_settings import (
 from router.catalog import Tier
 
 __all__ = [
+    "BreakerSettings",
     "DatabaseSettings",
     "DeploymentSettings",
+    "FallbackSettings",
     "LimitsSettings",
     "LoggingSettings",
     "PriceSettings",
@@ -33,12 +35,15 @@ __all__ = [
     "QueueSettings",
     "RedisSettings",
     "ReplicaSettings",
+    "RetrySettings",
     "RouterSettings",
     "RulesSettings",
     "ServerSettings",
     "Settings",
     "SimulatorSettings",
     "TenantSettings",
+    "TierFaultSettings",
+    "TimeoutSettings",
     "load_settings",
 ]
 
@@ -160,6 +165,61 @@ class LimitsSettings(_Strict):
     none."""
 
 
+class RetrySettings(_Strict):
+    """Retries on the same deployment before the fallback chain moves on (docs/fallback.md)."""
+
+    max_attempts: int = Field(default=2, ge=1)
+    """Calls per deployment, the first included."""
+    backoff_initial_s: float = Field(default=0.1, ge=0)
+    backoff_max_s: float = Field(default=2.0, ge=0)
+    jitter_s: float = Field(default=0.1, ge=0)
+    retry_after_cap_s: float = Field(default=5.0, ge=0)
+    """A ``Retry-After`` longer than this moves on to the next deployment at once."""
+    retry_on: tuple[str, ...] = ("rate_limited", "unavailable", "connect_error")
+    """Backend error kinds retried on the same deployment; other retryable kinds move on."""
+
+
+class TimeoutSettings(_Strict):
+    """Per-attempt timeouts; the request's own deadline caps them all."""
+
+    connect_s: float = Field(default=3.0, gt=0)
+    first_token_s: float = Field(default=15.0, gt=0)
+    """Streams: until the first chunk (queueing and prefill included)."""
+    stall_s: float = Field(default=10.0, gt=0)
+    """Streams: the longest silence between two chunks."""
+    attempt_s: float = Field(default=60.0, gt=0)
+    """One call, start to end."""
+
+
+class TierFaultSettings(_Strict):
+    retry: RetrySettings = RetrySettings()
+    timeouts: TimeoutSettings = TimeoutSettings()
+
+
+class BreakerSettings(_Strict):
+    """Circuit breaker per deployment, shared through Redis."""
+
+    enabled: bool = True
+    window_s: float = Field(default=10.0, gt=0)
+    min_calls: int = Field(default=4, ge=1)
+    failure_ratio: float = Field(default=0.5, gt=0, le=1)
+    open_s: float = Field(default=5.0, gt=0)
+    """How long an open breaker skips the deployment before a half-open probe."""
+    probe_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class FallbackSettings(_Strict):
+    tiers: dict[Tier, TierFaultSettings] = Field(default_factory=dict)
+    """Retry policy and timeouts per tier; a tier not named here gets the defaults."""
+    breaker: BreakerSettings = BreakerSettings()
+    continuation: bool = True
+    """Continue a stream that broke after its first token on the next vLLM deployment (plain
+    text only, never tool calls)."""
+
+    def for_tier(self, tier: Tier) -> TierFaultSettings:
+        return self.tiers.get(tier, TierFaultSettings())
+
+
 class RouterSettings(_Strict):
     model_path: Path | None = None
     """skops file of the complexity classifier; ``None``: the one shipped in ``router/models``."""
@@ -209,6 +269,7 @@ class Settings(BaseSettings):
     router: RouterSettings = RouterSettings()
     rules: RulesSettings = RulesSettings()
     logging: LoggingSettings = LoggingSettings()
+    fallback: FallbackSettings = FallbackSettings()
     deployments: tuple[DeploymentSettings, ...] = ()
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)
     principals: tuple[PrincipalSettings, ...] = ()

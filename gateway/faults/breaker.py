@@ -1,0 +1,197 @@
+"""Circuit breaker per deployment, shared by every gateway process through Redis.
+
+States, as Redis keys (all under ``{prefix}:{breaker:<deployment>}:`` so one deployment's keys
+share a Cluster slot):
+
+    closed      no ``open`` and no ``tripped`` key: calls go through; each outcome is counted
+                in a fixed window (``window``, a hash with ``total`` and ``failures`` and a TTL
+                of ``window_s``). When a failure brings the window to ``min_calls`` calls with
+                at least ``failure_ratio`` of them failed, the breaker opens.
+    open        the ``open`` key exists (TTL ``open_s``): every process skips the deployment.
+    half-open   ``open`` expired, ``tripped`` remains: one call at a time may probe (``probe``,
+                ``SET NX`` with TTL ``probe_timeout_s``); its success closes the breaker, its
+                failure opens it again. Others skip the deployment meanwhile.
+
+Each transition is one Lua script, so concurrent processes agree. Redis being unreachable lets
+calls through (the breaker fails open; Redis outages are the queue's concern).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import IntEnum
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+__all__ = ["BreakerConfig", "BreakerState", "RedisBreaker"]
+
+log = logging.getLogger(__name__)
+
+
+class BreakerState(IntEnum):
+    CLOSED = 0
+    HALF_OPEN = 1
+    OPEN = 2
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    window_s: float = 10.0
+    min_calls: int = 4
+    failure_ratio: float = 0.5
+    open_s: float = 5.0
+    probe_timeout_s: float = 10.0
+
+    @property
+    def tripped_s(self) -> float:
+        """How long a tripped breaker waits for a probe before it forgets (then: closed)."""
+        return max(60.0, 10 * self.open_s)
+
+
+# KEYS: open, tripped, probe. ARGV: probe_ms. → 0 closed, 1 probe granted, 2 open, 3 probing
+_ALLOW = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  if redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[1]) then return 1 end
+  return 3
+end
+return 0
+"""
+
+# KEYS: window, open, tripped, probe.
+# ARGV: ok, window_ms, min_calls, failure_ratio, open_ms, tripped_ms.  → new state (0/1/2)
+_RECORD = """
+local ok = ARGV[1] == '1'
+local open = redis.call('EXISTS', KEYS[2]) == 1
+if open then return 2 end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  if ok then
+    redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
+    return 0
+  end
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[6])
+  redis.call('DEL', KEYS[1], KEYS[4])
+  return 2
+end
+local total = redis.call('HINCRBY', KEYS[1], 'total', 1)
+if total == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if ok then return 0 end
+local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+if total >= tonumber(ARGV[3]) and failures >= tonumber(ARGV[4]) * total then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[6])
+  redis.call('DEL', KEYS[1], KEYS[4])
+  return 2
+end
+return 0
+"""
+
+OnState = Callable[[str, BreakerState], None]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+class RedisBreaker:
+    """The breakers of every deployment, under one key prefix."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        prefix: str,
+        config: BreakerConfig | None = None,
+        *,
+        on_state: OnState | None = None,
+    ) -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self.config = config or BreakerConfig()
+        self._on_state = on_state
+        self._allow = redis.register_script(_ALLOW)
+        self._record = redis.register_script(_RECORD)
+
+    def _keys(self, deployment: str) -> tuple[str, str, str, str]:
+        base = f"{self._prefix}:{{breaker:{deployment}}}"
+        return f"{base}:window", f"{base}:open", f"{base}:tripped", f"{base}:probe"
+
+    def _notify(self, deployment: str, state: BreakerState) -> None:
+        if self._on_state is not None:
+            self._on_state(deployment, state)
+
+    async def allow(self, deployment: str) -> bool:
+        """Whether a call to ``deployment`` may go ahead now (a half-open probe counts)."""
+        _, open_key, tripped, probe = self._keys(deployment)
+        try:
+            code = int(
+                await self._allow(
+                    keys=[open_key, tripped, probe], args=[_ms(self.config.probe_timeout_s)]
+                )
+            )
+        except RedisError as exc:
+            log.warning("breaker check for %s failed open: %r", deployment, exc)
+            return True
+        self._notify(
+            deployment,
+            {0: BreakerState.CLOSED, 2: BreakerState.OPEN}.get(code, BreakerState.HALF_OPEN),
+        )
+        return code in (0, 1)
+
+    async def record(self, deployment: str, *, ok: bool) -> BreakerState:
+        """Count one call's outcome; the breaker's state afterwards."""
+        c = self.config
+        try:
+            code = int(
+                await self._record(
+                    keys=list(self._keys(deployment)),
+                    args=[
+                        1 if ok else 0,
+                        _ms(c.window_s),
+                        c.min_calls,
+                        c.failure_ratio,
+                        _ms(c.open_s),
+                        _ms(c.tripped_s),
+                    ],
+                )
+            )
+        except RedisError as exc:
+            log.warning("breaker record for %s lost: %r", deployment, exc)
+            return BreakerState.CLOSED
+        state = BreakerState(code)
+        if state is BreakerState.OPEN:
+            log.warning("circuit breaker for %s is open", deployment)
+        self._notify(deployment, state)
+        return state
+
+    async def state(self, deployment: str) -> BreakerState:
+        _, open_key, tripped, _ = self._keys(deployment)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.exists(open_key)
+            pipe.exists(tripped)
+            is_open, is_tripped = await pipe.execute()
+        if is_open:
+            return BreakerState.OPEN
+        return BreakerState.HALF_OPEN if is_tripped else BreakerState.CLOSED
+
+    async def unavailable(self, deployments: Iterable[str]) -> frozenset[str]:
+        """The deployments whose breaker is open now (for the router's ``Signals.unavailable``);
+        half-open ones are not listed, so that requests reach them and probe. Empty when Redis
+        cannot be read."""
+        names = list(deployments)
+        if not names:
+            return frozenset()
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.exists(self._keys(name)[1])
+                flags = await pipe.execute()
+        except RedisError:
+            return frozenset()
+        return frozenset(name for name, flag in zip(names, flags, strict=True) if flag)
+
+    async def reset(self, deployment: str) -> None:
+        await self._redis.delete(*self._keys(deployment))
