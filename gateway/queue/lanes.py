@@ -25,9 +25,9 @@ from gateway.queue.keys import LANES, RedisKeys
 __all__ = ["LaneQueue", "QueueFull", "Taken", "lane_of"]
 
 _ENQUEUE = """
-local total = 0
-for i = 3, 5 do total = total + tonumber(redis.call('GET', KEYS[i]) or '0') end
-if total >= tonumber(ARGV[4]) then return -total - 1 end
+local lane_depth = KEYS[2 + tonumber(ARGV[5])]
+local waiting = tonumber(redis.call('GET', lane_depth) or '0')
+if waiting >= tonumber(ARGV[4]) then return -waiting - 1 end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[6], '0', 'MKSTREAM')
 end
@@ -38,10 +38,10 @@ if not redis.call('ZSCORE', KEYS[2], ARGV[2]) then
   if low[2] then start = tonumber(low[2]) end
   redis.call('ZADD', KEYS[2], start, ARGV[2])
 end
-redis.call('INCR', KEYS[2 + tonumber(ARGV[5])])
+redis.call('INCR', lane_depth)
 redis.call('LPUSH', KEYS[6], '1')
 redis.call('LTRIM', KEYS[6], 0, 63)
-return total + 1
+return waiting + 1
 """
 
 _TAKE = """
@@ -120,8 +120,8 @@ class LaneQueue:
     async def enqueue(
         self, *, tier: str, lane: str, tenant: str, job: bytes, weight: float, max_depth: int
     ) -> int:
-        """Queue ``job``; returns the tier's depth with it, raises ``QueueFull`` over
-        ``max_depth``."""
+        """Queue ``job``; returns its lane's depth with it, raises ``QueueFull`` when the lane
+        already holds ``max_depth`` (per lane, so a batch flood never refuses interactive work)."""
         k = self._keys
         keys = [
             k.jobs(tier, lane, tenant),

@@ -82,17 +82,18 @@ async def test_batch_waits_while_the_headroom_is_used(
     assert await _order(q, 5, slot_keys=[slot], batch_limit=3) == ["bulk0"]
 
 
-async def test_depth_limit_is_per_tier_and_atomic(
+async def test_depth_limit_is_per_tier_and_lane(
     redis_conn: aioredis.Redis, key_prefix: str
 ) -> None:
     q = LaneQueue(redis_conn, RedisKeys(key_prefix))
-    for lane in ("interactive", "batch"):
-        await q.enqueue(tier="small", lane=lane, tenant="t", job=b"x", weight=1, max_depth=2)
+    for _ in range(2):
+        await q.enqueue(tier="small", lane="batch", tenant="t", job=b"x", weight=1, max_depth=2)
     try:
-        await q.enqueue(tier="small", lane="standard", tenant="t", job=b"x", weight=1, max_depth=2)
+        await q.enqueue(tier="small", lane="batch", tenant="u", job=b"x", weight=1, max_depth=2)
     except QueueFull as full:
         assert full.depth == 2
     else:
         raise AssertionError("a third job was queued over max_depth=2")
-    # another tier has its own limit
-    await q.enqueue(tier="large", lane="standard", tenant="t", job=b"x", weight=1, max_depth=2)
+    # a full batch lane refuses nobody else: not interactive work, not another tier
+    await q.enqueue(tier="small", lane="interactive", tenant="t", job=b"x", weight=1, max_depth=2)
+    await q.enqueue(tier="large", lane="batch", tenant="t", job=b"x", weight=1, max_depth=2)
