@@ -7,7 +7,7 @@ status (answered, 429, 504 — nothing may be lost), and the peak in-flight per 
 counting middleware in the simulator, and as slot leases in Redis), which must stay at or under
 capacity.
 
-    .venv/bin/python bench/queue_overload.py                 # writes bench/results/queue_overload.json
+    .venv/bin/python bench/queue_overload.py     # writes bench/results/queue_overload.json
     .venv/bin/python bench/queue_overload.py --seconds 10 --out /tmp/q.json
 """
 
@@ -108,8 +108,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "booked_twice": sum(1 for n in booked.values() if n > 1),
         "outcomes": {k: dict(v) for k, v in outcomes.items()},
         "interactive_queue_wait_s": {
-            "p50": pct(inter, 0.5), "p99": pct(inter, 0.99), "max": max(inter, default=None),
-        },  # fmt: skip
+            "p50": pct(inter, 0.5),
+            "p99": pct(inter, 0.99),
+            "max": max(inter, default=None),
+        },
         "batch_queue_wait_s": {"p50": pct(waits["batch"], 0.5), "p99": pct(waits["batch"], 0.99)},
         "peak_inflight_at_replica": [s.peak for s in sims],
         "peak_slot_leases": list(peak_leases.values()),

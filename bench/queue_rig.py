@@ -155,9 +155,7 @@ async def make_rig(
 ) -> Rig:
     redis = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"bench-{uuid.uuid4().hex[:8]}")
-    sims = [
-        await start_sim(capacity, time_scale=time_scale, itl_s=itl_s) for _ in range(replicas)
-    ]
+    sims = [await start_sim(capacity, time_scale=time_scale, itl_s=itl_s) for _ in range(replicas)]
     return Rig(redis, keys, sims)
 
 
