@@ -24,6 +24,8 @@ from gateway.accounting.throughput import ThroughputMeter
 from gateway.accounting.writer import LedgerWriter
 from gateway.auth.keys import KeyStore
 from gateway.embedded_redis import EmbeddedRedis
+from gateway.faults.breaker import RedisBreaker
+from gateway.faults.wiring import backend_timeouts, make_breaker, tier_faults
 from gateway.metrics import Metrics
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.connection import redis_client
@@ -37,7 +39,7 @@ from gateway.queue.snapshot import QueueSnapshot
 from gateway.queue.worker import Worker
 from gateway.rules.edge import RulesRuntime
 from gateway.rules.setup import open_rules
-from gateway.settings import DeploymentSettings, Settings, read_secret
+from gateway.settings import DeploymentSettings, FallbackSettings, Settings, read_secret
 from router.catalog import Catalog, DeploymentSpec, TenantPolicy
 from router.classifier import Classifier
 from router.model_file import load_classifier
@@ -69,6 +71,9 @@ class Services:
     edge_id: str
     queue_snapshot: QueueSnapshot | None = None
     """Cached queue state (expected waits, depths, in-flight), refreshed in the background."""
+    breaker: RedisBreaker | None = None
+    """Circuit breakers shared through Redis; ``breaker.unavailable(...)`` feeds
+    ``Signals.unavailable`` (``None``: disabled in config)."""
     rules: RulesRuntime | None = None
     """Routing rules (SQL versions, hot reload) and sticky conversations (docs/rules.md)."""
 
@@ -106,8 +111,11 @@ def build_policies(settings: Settings, default_threshold: float) -> dict[str, Te
     }
 
 
-def _make_backends(dep: DeploymentSettings, session: aiohttp.ClientSession) -> list[Replica]:
+def _make_backends(
+    dep: DeploymentSettings, session: aiohttp.ClientSession, fallback: FallbackSettings
+) -> list[Replica]:
     api_key = read_secret(dep.api_key_env) if dep.api_key_env else None
+    timeouts = backend_timeouts(fallback, dep)
     replicas: list[Replica] = []
     if dep.provider == "vllm":
         from backends.openai_http import VLLMBackend
@@ -118,7 +126,7 @@ def _make_backends(dep: DeploymentSettings, session: aiohttp.ClientSession) -> l
                 base_url=rep.url,
                 session=session,
                 api_key=api_key,
-                total_s=dep.timeout_s,
+                **timeouts,
             )
             replicas.append(Replica(backend, rep.max_num_seqs))
     else:
@@ -131,8 +139,8 @@ def _make_backends(dep: DeploymentSettings, session: aiohttp.ClientSession) -> l
             litellm_model=dep.litellm_model or dep.model,
             api_base=api_base,
             api_key=api_key or ("sk-unused-local" if api_base else None),
-            total_s=dep.timeout_s,
             session=session,
+            **timeouts,
         )
         replicas.append(Replica(backend, capacity))
     return replicas
@@ -200,6 +208,9 @@ async def open_services(
             expected_wait=snapshot.expected_wait,
         )
 
+        breaker = make_breaker(
+            settings.fallback, redis, settings.redis.key_prefix, metrics.set_breaker
+        )
         worker: Worker | None = None
         if workers:
             session = aiohttp.ClientSession(
@@ -207,8 +218,9 @@ async def open_services(
                 skip_auto_headers=("User-Agent",),
             )
             stack.push_async_callback(session.close)
+            fallback = settings.fallback
             replicas = {
-                dep.model: _make_backends(dep, session) for dep in settings.deployments
+                dep.model: _make_backends(dep, session, fallback) for dep in settings.deployments
             }
             assign_slots(replicas, settings, redis_keys)
             pool = BackendPool(
@@ -219,7 +231,15 @@ async def open_services(
             pool.start()
             stack.push_async_callback(pool.aclose)
             baselines = {name: prices.baseline_model(t) for name, t in settings.tenants.items()}
-            executor = Executor(pool, prices, catalog, baselines)
+            executor = Executor(
+                pool,
+                prices,
+                catalog,
+                baselines,
+                breaker=breaker,
+                faults=tier_faults(settings.fallback),
+                continuation=settings.fallback.continuation,
+            )
             worker = Worker(
                 redis=redis,
                 blocking_redis=blocking,
@@ -263,5 +283,6 @@ async def open_services(
             worker=worker,
             edge_id=edge_id,
             queue_snapshot=snapshot,
+            breaker=breaker,
             rules=rules,
         )

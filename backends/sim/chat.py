@@ -81,7 +81,10 @@ def _plan(state: SimState, body: Any, request_id: str, arrived: float, faults: F
             p.flavor, limit=p.max_model_len, prompt_tokens=prompt, max_tokens=req.max_tokens
         )
     limit = req.max_tokens if req.max_tokens is not None else room
-    answer = finish(_natural_pieces(state, req), stop=req.stop, limit=limit)
+    if faults.content_filter:
+        answer = Answer((), "content_filter")
+    else:
+        answer = finish(_natural_pieces(state, req), stop=req.stop, limit=limit)
     return _Job(request_id, arrived, req.stream, req.include_usage, prompt, answer, faults)
 
 
@@ -90,10 +93,14 @@ def _log(state: SimState, job_or_id: _Job | str, stream: bool, status: int, **fi
     state.usage.write(UsageRecord(request_id, state.profile.name, stream, status, **fields))
 
 
-def _drop(request: web.Request) -> web.StreamResponse:
-    """Close the connection without an answer."""
+def _drop(request: web.Request, *, flush: bool = False) -> web.StreamResponse:
+    """Close the connection without (the rest of) an answer: reset it at once, or with
+    ``flush`` after what was written reaches the client (a body cut off at a known token)."""
     if request.transport is not None:
-        request.transport.abort()
+        if flush:
+            request.transport.close()
+        else:
+            request.transport.abort()
     return web.StreamResponse()
 
 
@@ -113,8 +120,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             if state.faults.closing:
                 return _drop(request)
         faults = state.faults.current
+        if faults.reset:
+            _log(state, request_id, stream, 0, fault="reset")
+            return _drop(request)
         injected = fault_error(
-            faults, state.rng, flavor=state.profile.flavor, model=state.profile.name
+            faults,
+            state.rng,
+            flavor=state.profile.flavor,
+            model=state.profile.name,
+            flap_fails=state.faults.flap_fails(),
         )
         if injected is not None:
             raise injected
@@ -179,6 +193,8 @@ async def _complete(request: web.Request, state: SimState, job: _Job) -> web.Str
         await response.prepare(request)
         await response.write(body[: len(body) // 2])
         return _drop(request)
+    if job.faults.malformed_after_tokens is not None:
+        body = body[: len(body) // 2]  # well framed, but not JSON
     metrics.success[job.answer.finish_reason] += 1
     _log(state, job, False, 200, **usage, finish_reason=job.answer.finish_reason)
     return web.Response(body=body, content_type="application/json", headers=headers)
@@ -233,7 +249,12 @@ async def _emit(emitter: _Emitter, state: SimState, job: _Job, count: int) -> No
     last = len(pieces) - 1 if count == len(pieces) else -1  # the piece that carries the reason
     due = loop.time() + engine.ttft_s(job.prompt_tokens) * scale
     due += job.faults.slow_first_token_ms / 1e3
+    stall_at = job.faults.stall_after_tokens
     for i in range(count):
+        if i == stall_at and i:
+            await emitter.flush()
+            await asyncio.sleep(job.faults.stall_ms / 1e3)
+            due = loop.time()
         itl = None
         if i:
             itl = engine.itl_s() * scale
@@ -257,15 +278,31 @@ async def _emit(emitter: _Emitter, state: SimState, job: _Job, count: int) -> No
         return
     if job.include_usage:
         emitter.add(enc.usage(job.prompt_tokens, len(pieces)))
-    emitter.add(DONE)
+    if not job.faults.omit_done:
+        emitter.add(DONE)
     await emitter.flush()
+
+
+def _early_end(faults: Faults, length: int) -> tuple[int, str | None]:
+    """How many pieces a stream sends, and which fault ends it early (if one does)."""
+    ends = [
+        (n, name)
+        for n, name in (
+            (faults.cut_after_tokens, "cut_after_tokens"),
+            (faults.malformed_after_tokens, "malformed_after_tokens"),
+            (faults.end_after_tokens, "end_after_tokens"),
+        )
+        if n is not None and n < length
+    ]
+    if not ends:
+        return length, None
+    return min(ends)
 
 
 async def _stream(request: web.Request, state: SimState, job: _Job) -> web.StreamResponse:
     engine, metrics = state.engine, state.metrics
     pieces = job.answer.pieces
-    cut = job.faults.cut_after_tokens
-    count = cut if cut is not None and cut < len(pieces) else len(pieces)
+    count, early = _early_end(job.faults, len(pieces))
     try:
         engine.check_admission()
     except QueueFull:
@@ -288,10 +325,16 @@ async def _stream(request: web.Request, state: SimState, job: _Job) -> web.Strea
         finish_reason = "abort"  # the client went away
     metrics.e2e.observe(asyncio.get_running_loop().time() - job.arrived)
     usage = {"prompt_tokens": job.prompt_tokens, "completion_tokens": emitter.sent}
-    if count < len(pieces) and finish_reason != "abort":
+    if early is not None and finish_reason != "abort":
         metrics.success["abort"] += 1
-        _log(state, job, True, 200, **usage, finish_reason="abort", fault="cut_after_tokens")
-        return _drop(request)
+        _log(state, job, True, 200, **usage, finish_reason="abort", fault=early)
+        if early == "cut_after_tokens":
+            return _drop(request, flush=True)
+        with contextlib.suppress(ConnectionResetError):
+            if early == "malformed_after_tokens":
+                await response.write(b'data: {"id": "chatcmpl-broken", "choices": [\n\n')
+            await response.write_eof()
+        return response
     metrics.success[finish_reason] += 1
     _log(state, job, True, 200, **usage, finish_reason=finish_reason)
     if finish_reason != "abort":

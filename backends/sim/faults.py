@@ -15,6 +15,18 @@ shows is exactly what was last posted, normalised); ``DELETE`` clears it. Keys:
 ``cut_after_tokens`` (int)    streams: drop the connection after N content tokens (no
                               finish_reason, no ``[DONE]``); non-stream: drop it mid-body
 ``unhealthy`` (bool)          ``GET /health`` answers 503
+``flap`` (bool)               every other chat request fails with ``error_status`` (503 when
+                              unset): the first fails, the second succeeds, and so on
+``reset`` (bool)              read the request, then reset the connection without answering
+``content_filter`` (bool)     answer with no content and ``finish_reason: "content_filter"``
+                              (a hosted API's refusal)
+``malformed_after_tokens``    streams: after N content tokens send an event that is not JSON;
+                              non-stream: a body that is not JSON (N ignored)
+``end_after_tokens`` (int)    streams: after N content tokens end the body cleanly, without a
+                              finish_reason or ``[DONE]``
+``omit_done`` (bool)          streams: finish the answer but never send ``data: [DONE]``
+``stall_after_tokens`` (int)  streams: after N content tokens go silent for ``stall_ms``
+``stall_ms``                  ... milliseconds (wall clock), then carry on
 ============================  ==============================================================
 
 Fault delays are wall-clock, not scaled by ``time_scale``: they are test instruments for the
@@ -54,6 +66,14 @@ class Faults:
     slow_first_token_ms: float = 0.0
     cut_after_tokens: int | None = None
     unhealthy: bool = False
+    flap: bool = False
+    reset: bool = False
+    content_filter: bool = False
+    malformed_after_tokens: int | None = None
+    end_after_tokens: int | None = None
+    omit_done: bool = False
+    stall_after_tokens: int | None = None
+    stall_ms: float = 0.0
 
     @classmethod
     def from_json(cls, data: Any) -> Faults:
@@ -76,6 +96,29 @@ class Faults:
         }
 
 
+_BOOLS = frozenset(
+    {
+        "rate_limit",
+        "overloaded",
+        "hang",
+        "unhealthy",
+        "flap",
+        "reset",
+        "content_filter",
+        "omit_done",
+    }
+)
+_INTS = frozenset(
+    {
+        "error_status",
+        "cut_after_tokens",
+        "malformed_after_tokens",
+        "end_after_tokens",
+        "stall_after_tokens",
+    }
+)
+
+
 def _number(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidFaults(f"`{key}` must be a number, got {value!r}")
@@ -83,17 +126,17 @@ def _number(key: str, value: Any) -> float:
 
 
 def _check(key: str, value: Any) -> Any:
-    if key in {"rate_limit", "overloaded", "hang", "unhealthy"}:
+    if key in _BOOLS:
         if not isinstance(value, bool):
             raise InvalidFaults(f"`{key}` must be a boolean, got {value!r}")
         return value
-    if key in {"error_status", "cut_after_tokens"}:
+    if key in _INTS:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidFaults(f"`{key}` must be an integer, got {value!r}")
         if key == "error_status" and not 400 <= value <= 599:
             raise InvalidFaults("`error_status` must be 400-599")
-        if key == "cut_after_tokens" and value < 0:
-            raise InvalidFaults("`cut_after_tokens` must be >= 0")
+        if key != "error_status" and value < 0:
+            raise InvalidFaults(f"`{key}` must be >= 0")
         return value
     number = _number(key, value)
     if key == "error_rate" and not 0.0 <= number <= 1.0:
@@ -112,6 +155,7 @@ class FaultSwitch:
         self._released.set()
         self.closing = False
         """Set at shutdown: held requests are released and should drop their connection."""
+        self._flaps = 0
 
     @property
     def current(self) -> Faults:
@@ -119,6 +163,7 @@ class FaultSwitch:
 
     def set(self, faults: Faults) -> None:
         self._faults = faults
+        self._flaps = 0
         if faults.hang:
             self._released.clear()
         else:
@@ -132,15 +177,27 @@ class FaultSwitch:
     async def wait_released(self) -> None:
         await self._released.wait()
 
+    def flap_fails(self) -> bool:
+        """With ``flap`` on: whether this call is one of the failing half (1st, 3rd, ...)."""
+        if not self._faults.flap:
+            return False
+        self._flaps += 1
+        return self._flaps % 2 == 1
+
 
 def fault_error(
-    faults: Faults, rng: random.Random, *, flavor: Flavor, model: str
+    faults: Faults, rng: random.Random, *, flavor: Flavor, model: str, flap_fails: bool = False
 ) -> SimError | None:
     """The error an injected fault answers this request with, if any."""
+    if flap_fails:
+        status = faults.error_status or 503
+        return SimError(status, f"Simulated flapping {status} (fault injection).", fault="flap")
     if faults.rate_limit:
         return rate_limited(flavor, model, faults.retry_after)
     if faults.overloaded:
         return overloaded(flavor, faults.retry_after, fault="overloaded")
+    if faults.flap:
+        return None  # the succeeding half of a flap
     if faults.error_status is not None and rng.random() < faults.error_rate:
         status = faults.error_status
         return SimError(

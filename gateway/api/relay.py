@@ -54,6 +54,8 @@ class RelayContext:
             "x-tiergate-rule": self.rule,
             "x-tiergate-queue-ms": f"{float(meta.get('queue_ms', 0.0)):.1f}",
         }
+        if meta.get("downgraded"):
+            headers["x-tiergate-downgraded"] = "true"  # served below the planned tier
         return headers
 
     def overhead_ms(self, meta: Mapping[str, Any]) -> float:

@@ -1,13 +1,27 @@
 """Runs one job: try the plan's deployments in order, relay the answer, account for every attempt.
 
-The first version moves to the next deployment on any retryable error or context overflow, and
-stops on a request the backend rejects. Streams fall back only before their first chunk; after
-it, a failure ends the stream with an explicit error event. Retries with backoff, breakers and
-mid-stream continuation deepen this in the fault-handling work.
+For each deployment of the plan (the fallback chain):
+
+1. skip it while its circuit breaker is open (``gateway.faults.breaker``; recorded as an attempt
+   with outcome ``circuit_open``);
+2. call it under the tier's retry policy (``gateway.faults.policy``): rate limits, 5xx and
+   connect errors are retried on the same deployment with backoff or after ``Retry-After``;
+   timeouts, cut streams and protocol errors move on at once; a rejected request stops the
+   chain (context overflow moves on to a deployment whose window may fit);
+3. every call is one ``Attempt`` in the ledger row, with the tokens that backend billed (or,
+   for a stream that broke, the tokens it delivered), and one outcome for the breaker.
+
+Each call is held to the tier's per-attempt timeout and the request's deadline. A stream falls
+back freely until its first token; after it, when continuation is allowed
+(``gateway.faults.continuation``), the next vLLM deployment continues the delivered text and
+the client sees one answer; otherwise the stream ends with an explicit error event. An answer
+served by a lower tier than planned is flagged as a downgrade (``gateway.faults.chains``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,15 +29,20 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
-from backends.errors import BackendError, ContextLengthExceeded
-from backends.types import ChatRequest, Usage
+from backends.errors import BackendError, BackendRejected, ContextLengthExceeded
+from backends.protocol import Backend
+from backends.types import ChatRequest, ChatResponse, Usage
 from gateway.accounting.records import Attempt, LedgerEntry, to_micro
 from gateway.errors import DeadlineExceeded, GatewayError, InvalidRequest, UpstreamFailed
+from gateway.faults.breaker import BreakerState, RedisBreaker
+from gateway.faults.chains import DOWNGRADE_TAG, TierFaults, is_downgrade
+from gateway.faults.continuation import Delivered, can_continue, continuation_body, is_role_only
+from gateway.faults.policy import Sleep
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.pool import BackendPool
-from router.catalog import Catalog
+from router.catalog import Catalog, Tier
 
-__all__ = ["Emit", "Executor", "PriceLookup"]
+__all__ = ["AttemptCounter", "Emit", "Executor", "PriceLookup"]
 
 Emit = Callable[[Reply], Awaitable[None]]
 
@@ -32,6 +51,28 @@ class PriceLookup(Protocol):
     """What the executor needs of prices: cost of tokens on a model (``None`` = unknown)."""
 
     def cost(self, model: str, usage: Usage) -> Decimal | None: ...
+
+
+class AttemptCounter(Protocol):
+    """Counts backend calls by deployment and outcome (``Metrics.attempts``)."""
+
+    def labels(self, deployment: str, outcome: str) -> Any: ...
+
+
+class _Tripped(Exception):
+    """A failure that opened the deployment's breaker: move on instead of retrying in place."""
+
+    def __init__(self, error: BackendError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _MidStream(Exception):
+    """A stream broke after it delivered chunks to the client (never retried in place)."""
+
+    def __init__(self, error: BackendError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass(slots=True)
@@ -45,11 +86,17 @@ class _Run:
     backend_s: float = 0.0
     ttft_at: float | None = None
     deployment: str | None = None
+    downgraded: bool = False
 
     def record(
-        self, deployment: str, outcome: str, started: float, usage: Usage | None, error: str | None
+        self,
+        deployment: str,
+        outcome: str,
+        started: float,
+        usage: Usage | None,
+        error: str | None,
     ) -> None:
-        elapsed = time.time() - started
+        elapsed = max(time.time() - started, 0.0)
         self.backend_s += elapsed
         self.attempts.append(
             Attempt(
@@ -72,11 +119,22 @@ class Executor:
         prices: PriceLookup,
         catalog: Catalog,
         baselines: Mapping[str, str | None],
+        *,
+        breaker: RedisBreaker | None = None,
+        faults: Mapping[Tier, TierFaults] | None = None,
+        continuation: bool = True,
+        attempts_metric: AttemptCounter | None = None,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._pool = pool
         self._prices = prices
         self._catalog = catalog
         self._baselines = baselines
+        self._breaker = breaker
+        self._faults = dict(faults or {})
+        self._continuation = continuation
+        self._attempts_metric = attempts_metric
+        self._sleep = sleep
 
     async def run(self, job: Job, emit: Emit) -> LedgerEntry:
         run = _Run(job=job, picked_at=time.time())
@@ -95,84 +153,252 @@ class Executor:
     async def _chat(self, run: _Run, emit: Emit) -> LedgerEntry:
         job = run.job
         for deployment in self._candidates(job):
-            started = time.time()
+            if time.time() >= job.deadline:
+                break
+            if not await self._allowed(run, deployment):
+                continue
+            tier = self._tier_faults(deployment)
+            response: ChatResponse | None = None
             try:
-                async with self._pool.lease(deployment) as backend:
-                    response = await backend.chat(self._request(job, deployment, started))
+                retrying = tier.retry.retrying(deadline=job.deadline, sleep=self._sleep)
+                async for attempt in retrying:
+                    with attempt:
+                        response = await self._call(run, deployment, tier)
+            except _Tripped:
+                continue
             except BackendError as exc:
-                run.record(deployment, exc.kind, started, None, str(exc))
-                if self._final(exc, started, job):
+                if self._final(exc):
                     break
                 continue
-            run.record(deployment, "ok", started, response.usage, None)
-            run.deployment = deployment
+            assert response is not None
+            self._served(run, deployment)
             entry = self._entry(run, "ok", 200)
             await emit(Reply(job.request_id, "result", response.body, self._meta(run, entry)))
             return entry
         return await self._fail(run, emit)
 
+    async def _call(self, run: _Run, deployment: str, tier: TierFaults) -> ChatResponse:
+        started = time.time()
+        try:
+            async with self._pool.lease(deployment) as backend:
+                request = self._request(run.job, run.job.body, deployment, started, tier)
+                response = await backend.chat(request)
+        except BackendError as exc:
+            if await self._failed(run, deployment, exc, started, None):
+                raise _Tripped(exc) from exc
+            raise
+        run.record(deployment, "ok", started, response.usage, None)
+        await self._succeeded(deployment)
+        return response
+
     # -- streamed ---------------------------------------------------------------------------
 
     async def _stream(self, run: _Run, emit: Emit) -> LedgerEntry:
         job = run.job
+        delivered = Delivered()
+        broke: BackendError | None = None  # the mid-stream failure we are recovering from
+        previous: str | None = None
         for deployment in self._candidates(job):
-            started = time.time()
-            usage: Usage | None = None
-            sent = 0
+            if time.time() >= job.deadline:
+                break
+            if broke is not None and not self._may_continue(
+                job.body, delivered, previous, deployment
+            ):
+                continue
+            if not await self._allowed(run, deployment):
+                continue
+            tier = self._tier_faults(deployment)
+            body = continuation_body(job.body, delivered) if delivered.content else job.body
             try:
-                async with self._pool.lease(deployment) as backend:
-                    async for chunk in backend.stream(self._request(job, deployment, started)):
-                        if chunk.usage is not None:
-                            usage = chunk.usage
-                        if sent == 0:
-                            run.ttft_at = time.time()
-                            run.deployment = deployment
-                            meta = self._route_meta(run)
-                            await emit(Reply(job.request_id, "chunk", chunk.data, meta))
-                        else:
-                            await emit(Reply(job.request_id, "chunk", chunk.data))
-                        sent += 1
+                retrying = tier.retry.retrying(deadline=job.deadline, sleep=self._sleep)
+                async for attempt in retrying:
+                    with attempt:
+                        await self._stream_once(run, emit, deployment, tier, body, delivered)
+            except _MidStream as exc:
+                broke, previous = exc.error, deployment
+                continue
+            except _Tripped:
+                continue
             except BackendError as exc:
-                run.record(deployment, exc.kind, started, usage, str(exc))
-                if sent:
-                    # Headers and tokens already reached the client: end the stream honestly.
-                    failure = UpstreamFailed(f"the stream broke after it started: {exc}")
-                    entry = self._entry(run, "stream_error", 200)
-                    meta = {**self._meta(run, entry), "status": failure.status}
-                    await emit(Reply(job.request_id, "error", failure.body(), meta))
-                    return entry
-                if self._final(exc, started, job):
+                if delivered.tokens and isinstance(exc, BackendRejected):
+                    broke = exc  # the continuation was refused: end the stream honestly
+                    break
+                if self._final(exc):
                     break
                 continue
-            run.record(deployment, "ok", started, usage, None)
             entry = self._entry(run, "ok", 200)
             await emit(Reply(job.request_id, "end", {}, self._meta(run, entry)))
             return entry
+        if run.ttft_at is not None:
+            return await self._broken(run, emit, broke)
         return await self._fail(run, emit)
+
+    async def _stream_once(
+        self,
+        run: _Run,
+        emit: Emit,
+        deployment: str,
+        tier: TierFaults,
+        body: Mapping[str, Any],
+        delivered: Delivered,
+    ) -> None:
+        job = run.job
+        started = time.time()
+        usage: Usage | None = None
+        produced = 0  # content tokens this attempt delivered
+        sent = 0
+        resumed = run.ttft_at is not None
+        try:
+            async with (
+                self._pool.lease(deployment) as backend,
+                contextlib.aclosing(
+                    self._open(backend, job, body, deployment, started, tier)
+                ) as it,
+            ):
+                async for chunk in it:
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                    data = chunk.data
+                    if resumed:
+                        if is_role_only(data):
+                            continue
+                        if delivered.completion_id:
+                            data = {**data, "id": delivered.completion_id}
+                    produced += delivered.add(data)
+                    if run.ttft_at is None:
+                        run.ttft_at = time.time()
+                        self._served(run, deployment)
+                        await emit(Reply(job.request_id, "chunk", data, self._route_meta(run)))
+                    else:
+                        if sent == 0:
+                            self._served(run, deployment)
+                        await emit(Reply(job.request_id, "chunk", data))
+                    sent += 1
+        except BackendError as exc:
+            if usage is None and produced:
+                usage = Usage(0, produced)  # no usage from the backend: what it delivered
+            tripped = await self._failed(run, deployment, exc, started, usage)
+            if sent:
+                raise _MidStream(exc) from exc
+            if tripped:
+                raise _Tripped(exc) from exc
+            raise
+        run.record(deployment, "ok", started, usage, None)
+        await self._succeeded(deployment)
+
+    def _open(
+        self,
+        backend: Backend,
+        job: Job,
+        body: Mapping[str, Any],
+        deployment: str,
+        started: float,
+        tier: TierFaults,
+    ) -> Any:
+        return backend.stream(self._request(job, body, deployment, started, tier))
+
+    def _may_continue(
+        self, body: Mapping[str, Any], delivered: Delivered, previous: str | None, deployment: str
+    ) -> bool:
+        if delivered.tool_calls:
+            return False
+        if not delivered.content:
+            return True  # only the opening chunk went out: a fresh answer is still one answer
+        providers = [self._provider(previous), self._provider(deployment)]
+        return can_continue(
+            enabled=self._continuation,
+            body=body,
+            delivered=delivered,
+            providers=providers,
+        )
+
+    async def _broken(self, run: _Run, emit: Emit, error: BackendError | None) -> LedgerEntry:
+        """Headers and tokens already reached the client: end the stream honestly."""
+        reason = f": {error}" if error is not None else ""
+        failure = UpstreamFailed(
+            f"the stream broke after it started and could not be continued{reason}",
+            attempts=[a.to_dict() for a in run.attempts],
+        )
+        entry = self._entry(run, "stream_error", 200)
+        meta = {**self._meta(run, entry), "status": failure.status}
+        await emit(Reply(run.job.request_id, "error", failure.body(), meta))
+        return entry
 
     # -- shared -----------------------------------------------------------------------------
 
     def _candidates(self, job: Job) -> list[str]:
         return [d for d in job.plan.deployments if d in self._pool]
 
+    def _provider(self, deployment: str | None) -> str:
+        spec = self._catalog.get(deployment) if deployment else None
+        return spec.provider if spec else "unknown"
+
+    def _tier_faults(self, deployment: str) -> TierFaults:
+        spec = self._catalog.get(deployment)
+        return self._faults.get(spec.tier, TierFaults()) if spec else TierFaults()
+
+    def _served(self, run: _Run, deployment: str) -> None:
+        run.deployment = deployment
+        spec = self._catalog.get(deployment)
+        run.downgraded = spec is not None and is_downgrade(run.job.plan.tier, spec.tier)
+
+    async def _allowed(self, run: _Run, deployment: str) -> bool:
+        if self._breaker is None or await self._breaker.allow(deployment):
+            return True
+        run.record(deployment, "circuit_open", time.time(), None, "circuit breaker open")
+        self._count(deployment, "circuit_open")
+        return False
+
+    async def _failed(
+        self,
+        run: _Run,
+        deployment: str,
+        exc: BackendError,
+        started: float,
+        usage: Usage | None,
+    ) -> bool:
+        """Record a failed call; whether the deployment's breaker is open now."""
+        run.record(deployment, exc.kind, started, usage, str(exc))
+        self._count(deployment, exc.kind)
+        if self._breaker is None or not exc.retryable:
+            return False
+        return await self._breaker.record(deployment, ok=False) is BreakerState.OPEN
+
+    async def _succeeded(self, deployment: str) -> None:
+        self._count(deployment, "ok")
+        if self._breaker is not None:
+            await self._breaker.record(deployment, ok=True)
+
+    def _count(self, deployment: str, outcome: str) -> None:
+        if self._attempts_metric is not None:
+            self._attempts_metric.labels(deployment, outcome).inc()
+
     @staticmethod
-    def _final(exc: BackendError, started: float, job: Job) -> bool:
-        """Whether to stop trying further deployments after ``exc``."""
+    def _final(exc: BackendError) -> bool:
+        """Whether to stop trying further deployments after ``exc``: only a request the
+        backend rejects (other than for its context window) ends the chain."""
         if isinstance(exc, ContextLengthExceeded):
             return False
-        return not exc.retryable or time.time() >= job.deadline
+        return isinstance(exc, BackendRejected)
 
-    def _request(self, job: Job, deployment: str, now: float) -> ChatRequest:
-        body = dict(job.body)
+    def _request(
+        self,
+        job: Job,
+        body: Mapping[str, Any],
+        deployment: str,
+        now: float,
+        tier: TierFaults,
+    ) -> ChatRequest:
+        out = dict(body)
         if job.stream:
-            options = dict(body.get("stream_options") or {})
+            options = dict(out.get("stream_options") or {})
             options["include_usage"] = True  # billing needs usage, whatever the client asked
-            body["stream_options"] = options
+            out["stream_options"] = options
         return ChatRequest(
             model=deployment,
-            body=body,
+            body=out,
             request_id=job.request_id,
-            timeout_s=max(job.deadline - now, 0.001),
+            timeout_s=max(min(tier.attempt_s, job.deadline - now), 0.001),
         )
 
     async def _fail(self, run: _Run, emit: Emit) -> LedgerEntry:
@@ -203,6 +429,7 @@ class Executor:
         now = time.time()
         cost, baseline, known = self._costs(job, run)
         spec = self._catalog.get(run.deployment) if run.deployment else None
+        tags = (*job.tags, DOWNGRADE_TAG) if run.downgraded else job.tags
         return LedgerEntry(
             request_id=job.request_id,
             tenant=job.tenant,
@@ -217,7 +444,7 @@ class Executor:
             score=job.plan.score,
             stream=job.stream,
             app=job.app,
-            tags=job.tags,
+            tags=tags,
             prompt_tokens=sum(u.prompt_tokens for u in run.usage_total),
             completion_tokens=sum(u.completion_tokens for u in run.usage_total),
             cost_micro_usd=cost,
@@ -255,6 +482,7 @@ class Executor:
             "deployment": run.deployment,
             "tier": spec.tier.value if spec else run.job.plan.tier.value,
             "queue_ms": (run.picked_at - run.job.enqueued_at) * 1000,
+            "downgraded": run.downgraded,
         }
 
     def _meta(self, run: _Run, entry: LedgerEntry) -> dict[str, Any]:

@@ -1,0 +1,501 @@
+"""The fault table of docs/fallback.md: each fault on the primary, through `tiergate serve`
+and the official openai client, streamed and not (simulators as real processes, real Redis).
+
+Timeouts are configured short for this stack (first token 2 s, stall 1.5 s, attempt 4 s), so a
+fault of "20 s" or "30 s" is caught by the same rule in seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import redis
+
+from gateway.accounting.records import LedgerEntry
+from tests.e2e.ledger import wait_entry
+from tests.support import (
+    TEST_KEYS,
+    Proc,
+    free_port,
+    gateway_config,
+    start_gateway,
+    start_sim,
+    wait_ready,
+)
+
+SMALL, LARGE, EXTERNAL = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq", "gpt-4o-mini"
+PROFILES = (SMALL, LARGE, EXTERNAL)
+FAST_TIER = {
+    "retry": {"max_attempts": 2, "backoff_initial_s": 0.05, "jitter_s": 0.05,
+              "retry_after_cap_s": 2.0},
+    "timeouts": {"connect_s": 1.0, "first_token_s": 2.0, "stall_s": 1.5, "attempt_s": 4.0},
+}  # fmt: skip
+FALLBACK = {
+    "tiers": {tier: FAST_TIER for tier in ("small", "large", "external")},
+    "breaker": {"window_s": 20, "min_calls": 4, "failure_ratio": 0.5, "open_s": 5.0},
+}
+PROMPT = "Explain how a circuit breaker protects a distributed system, in detail."
+
+
+@dataclass
+class FaultStack:
+    base_url: str
+    admin_url: str
+    database_url: str
+    sim_ports: dict[str, int]
+    sims: dict[str, Proc]
+    usage_logs: dict[str, Path]
+    workdir: Path
+    prefix: str
+    redis_url: str
+
+    def faults(self, profile: str, **faults: Any) -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.sim_ports[profile]}/admin/faults",
+            data=json.dumps(faults).encode(),
+            method="POST" if faults else "DELETE",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+
+    def restart(self, profile: str) -> None:
+        self.sims[profile].stop()
+        proc, _ = start_sim(profile, self.sim_ports[profile], self.workdir)
+        self.sims[profile] = proc
+
+    def usage(self, profile: str, request_id: str) -> list[dict[str, Any]]:
+        path = self.usage_logs[profile]
+        if not path.exists():
+            return []
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [line for line in lines if line.get("request_id") == request_id]
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+
+@pytest.fixture(scope="module")
+def fstack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[FaultStack]:
+    workdir = tmp_path_factory.mktemp("faults")
+    ports = {profile: free_port() for profile in PROFILES}
+    sims: dict[str, Proc] = {}
+    usage: dict[str, Path] = {}
+    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
+    gateway: Proc | None = None
+    try:
+        for profile, port in ports.items():
+            sims[profile], usage[profile] = start_sim(profile, port, workdir)
+        port, admin_port = free_port(), free_port()
+        database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
+        config = gateway_config(
+            workdir=workdir,
+            redis_url=redis_url,
+            prefix=prefix,
+            database_url=database_url,
+            sim_ports=ports,
+            port=port,
+            admin_port=admin_port,
+            fallback=FALLBACK,
+        )
+        gateway = start_gateway(config, workdir)
+        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
+        yield FaultStack(
+            base_url=f"http://127.0.0.1:{port}",
+            admin_url=f"http://127.0.0.1:{admin_port}",
+            database_url=database_url,
+            sim_ports=ports,
+            sims=sims,
+            usage_logs=usage,
+            workdir=workdir,
+            prefix=prefix,
+            redis_url=redis_url,
+        )
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        for proc in sims.values():
+            proc.stop()
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def clean(fstack: FaultStack) -> Iterator[None]:
+    """Every test starts and ends with no faults and closed breakers."""
+    yield
+    for profile in PROFILES:
+        fstack.faults(profile)
+    client = redis.Redis.from_url(fstack.redis_url)
+    for key in client.scan_iter(match=f"{fstack.prefix}:{{breaker:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+def api(stack: FaultStack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=f"{stack.base_url}/v1",
+        api_key=TEST_KEYS["TIERGATE_KEY_ACME"],
+        max_retries=0,
+        timeout=60,
+    )
+
+
+def messages(prompt: str = PROMPT) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+@dataclass
+class Answer:
+    text: str
+    model: str
+    request_id: str
+    finish_reason: str | None
+    headers: dict[str, str]
+    elapsed_s: float
+
+
+async def ask(stack: FaultStack, model: str, *, stream: bool, prompt: str = PROMPT) -> Answer:
+    started = time.monotonic()
+    async with api(stack) as client:
+        if not stream:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=model, messages=messages(prompt), max_tokens=300
+            )
+            completion = raw.parse()
+            choice = completion.choices[0]
+            return Answer(
+                choice.message.content or "",
+                raw.headers["x-tiergate-model"],
+                raw.headers["x-request-id"],
+                choice.finish_reason,
+                dict(raw.headers),
+                time.monotonic() - started,
+            )
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model, messages=messages(prompt), max_tokens=300, stream=True
+        )
+        text: list[str] = []
+        finish: str | None = None
+        async for chunk in raw.parse():
+            for choice in chunk.choices:
+                text.append(choice.delta.content or "")
+                finish = choice.finish_reason or finish
+        return Answer(
+            "".join(text),
+            raw.headers["x-tiergate-model"],
+            raw.headers["x-request-id"],
+            finish,
+            dict(raw.headers),
+            time.monotonic() - started,
+        )
+
+
+async def entry(stack: FaultStack, request_id: str) -> LedgerEntry:
+    return await wait_entry(stack.database_url, request_id)
+
+
+def outcomes(row: LedgerEntry) -> list[tuple[str, str]]:
+    return [(a.deployment, a.outcome) for a in row.attempts]
+
+
+STREAMED = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+
+
+# -- 429 --------------------------------------------------------------------------------------
+
+
+@STREAMED
+async def test_429_with_retry_after_waits_then_moves_on(fstack: FaultStack, stream: bool) -> None:
+    fstack.faults(SMALL, rate_limit=True, retry_after=0.5)
+    answer = await ask(fstack, "small", stream=stream)
+    assert answer.model == LARGE and answer.text and answer.finish_reason == "stop"
+    assert answer.elapsed_s >= 0.5  # the retry waited for Retry-After
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(SMALL, "rate_limited"), (SMALL, "rate_limited"), (LARGE, "ok")]
+    assert row.outcome == "ok"
+
+
+@STREAMED
+async def test_429_without_retry_after_is_retried_with_backoff(
+    fstack: FaultStack, stream: bool
+) -> None:
+    fstack.faults(SMALL, flap=True, error_status=429)  # the first call fails, the retry passes
+    answer = await ask(fstack, "small", stream=stream)
+    assert answer.model == SMALL and answer.text
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(SMALL, "rate_limited"), (SMALL, "ok")]
+
+
+# -- 5xx --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+@STREAMED
+async def test_5xx_moves_to_the_next_candidate(
+    fstack: FaultStack, stream: bool, status: int
+) -> None:
+    fstack.faults(SMALL, error_status=status)
+    answer = await ask(fstack, "small", stream=stream)
+    assert answer.model == LARGE and answer.text and answer.finish_reason == "stop"
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(SMALL, "unavailable"), (SMALL, "unavailable"), (LARGE, "ok")]
+
+
+# -- connections ------------------------------------------------------------------------------
+
+
+@STREAMED
+async def test_connection_reset_mid_request_moves_on(fstack: FaultStack, stream: bool) -> None:
+    fstack.faults(SMALL, reset=True)
+    answer = await ask(fstack, "small", stream=stream)
+    assert answer.model == LARGE and answer.text
+    row = await entry(fstack, answer.request_id)
+    assert [o for _, o in outcomes(row)][-1] == "ok"
+    assert {o for d, o in outcomes(row) if d == SMALL} == {"connect_error"}
+
+
+async def test_connection_refused_moves_on(fstack: FaultStack) -> None:
+    fstack.sims[SMALL].stop()
+    try:
+        for stream in (False, True):
+            answer = await ask(fstack, "small", stream=stream)
+            assert answer.model == LARGE and answer.text
+            row = await entry(fstack, answer.request_id)
+            assert outcomes(row)[-1] == (LARGE, "ok")
+            assert {o for d, o in outcomes(row) if d == SMALL} <= {"connect_error", "circuit_open"}
+    finally:
+        fstack.restart(SMALL)
+
+
+# -- silence ----------------------------------------------------------------------------------
+
+
+@STREAMED
+async def test_no_response_at_all_times_out_and_moves_on(fstack: FaultStack, stream: bool) -> None:
+    fstack.faults(SMALL, hang=True)
+    answer = await ask(fstack, "small", stream=stream)
+    assert answer.model == LARGE and answer.text
+    assert answer.elapsed_s < 10  # first-token 2 s / attempt 4 s, far inside the deadline
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(SMALL, "timeout"), (LARGE, "ok")]
+
+
+@STREAMED
+async def test_first_token_after_20s_times_out_and_moves_on(
+    fstack: FaultStack, stream: bool
+) -> None:
+    fstack.faults(SMALL, slow_first_token_ms=20_000)
+    answer = await ask(fstack, "small", stream=stream)
+    assert answer.model == LARGE and answer.text
+    assert answer.elapsed_s < 10
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(SMALL, "timeout"), (LARGE, "ok")]
+
+
+# -- broken streams ---------------------------------------------------------------------------
+
+
+async def reference(stack: FaultStack, model: str = "small") -> str:
+    clean = await ask(stack, model, stream=True)
+    assert len(clean.text.split()) > 45, "the test prompt needs an answer over 40 tokens"
+    return clean.text
+
+
+async def test_stream_cut_after_40_tokens_continues_on_the_fallback(fstack: FaultStack) -> None:
+    expected = await reference(fstack)
+    fstack.faults(SMALL, cut_after_tokens=40)
+    answer = await ask(fstack, "small", stream=True)
+    assert answer.text == expected  # one answer, as if nothing happened
+    assert answer.finish_reason == "stop"
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(SMALL, "stream_cut"), (LARGE, "ok")]
+    cut, rest = row.attempts
+    assert cut.completion_tokens == 40
+    # the ledger matches what each simulator says it produced for this request
+    (small_log,) = fstack.usage(SMALL, answer.request_id)
+    (large_log,) = fstack.usage(LARGE, answer.request_id)
+    assert small_log["completion_tokens"] == cut.completion_tokens
+    assert large_log["completion_tokens"] == rest.completion_tokens
+    assert large_log["prompt_tokens"] == rest.prompt_tokens
+    assert row.completion_tokens == cut.completion_tokens + rest.completion_tokens
+
+
+async def test_stream_cut_non_streamed_moves_on(fstack: FaultStack) -> None:
+    fstack.faults(SMALL, cut_after_tokens=40)
+    answer = await ask(fstack, "small", stream=False)
+    assert answer.model == LARGE and answer.finish_reason == "stop"
+
+
+async def test_stream_stall_continues_on_the_fallback(fstack: FaultStack) -> None:
+    expected = await reference(fstack)
+    fstack.faults(SMALL, stall_after_tokens=40, stall_ms=30_000)
+    answer = await ask(fstack, "small", stream=True)
+    assert answer.text == expected and answer.finish_reason == "stop"
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(SMALL, "timeout"), (LARGE, "ok")]
+    assert row.attempts[0].completion_tokens == 40
+
+
+@pytest.mark.parametrize(
+    "fault", [{"cut_after_tokens": 40}, {"stall_after_tokens": 40, "stall_ms": 30_000}]
+)
+async def test_broken_stream_that_cannot_continue_ends_with_an_error_event(
+    fstack: FaultStack, fault: dict[str, Any]
+) -> None:
+    # external first: a hosted API's answer cannot be continued elsewhere
+    await reference(fstack, "external")
+    fstack.faults(EXTERNAL, **fault)
+    async with api(fstack) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="external", messages=messages(), max_tokens=300, stream=True
+        )
+        request_id = raw.headers["x-request-id"]
+        finishes = []
+        with pytest.raises(openai.APIError):
+            async for chunk in raw.parse():
+                finishes.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
+    assert finishes == ["error"]  # never a clean end
+    row = await entry(fstack, request_id)
+    assert row.outcome == "stream_error"
+    assert outcomes(row)[0][0] == EXTERNAL and len(row.attempts) == 1
+
+
+async def test_malformed_chunk_is_a_failed_attempt_not_garbage(fstack: FaultStack) -> None:
+    expected = await reference(fstack)
+    fstack.faults(SMALL, malformed_after_tokens=10)
+    answer = await ask(fstack, "small", stream=True)
+    assert answer.text == expected
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(SMALL, "protocol_error"), (LARGE, "ok")]
+    plain = await ask(fstack, "small", stream=False)
+    assert plain.model == LARGE and plain.text
+    assert outcomes(await entry(fstack, plain.request_id))[0] == (SMALL, "protocol_error")
+
+
+async def test_stream_without_done_is_a_failed_attempt(fstack: FaultStack) -> None:
+    expected = await reference(fstack)
+    fstack.faults(SMALL, end_after_tokens=10)
+    answer = await ask(fstack, "small", stream=True)
+    assert answer.text == expected
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(SMALL, "stream_cut"), (LARGE, "ok")]
+
+
+async def test_complete_stream_missing_only_done_is_accepted(fstack: FaultStack) -> None:
+    expected = await reference(fstack)
+    fstack.faults(SMALL, omit_done=True)
+    answer = await ask(fstack, "small", stream=True)
+    assert answer.model == SMALL and answer.text == expected and answer.finish_reason == "stop"
+
+
+# -- context ----------------------------------------------------------------------------------
+
+
+@STREAMED
+async def test_prompt_over_the_context_goes_where_it_fits(fstack: FaultStack, stream: bool) -> None:
+    long_prompt = "word " * 9000  # over the 70B's 8192 tokens, inside the others'
+    answer = await ask(fstack, "large", stream=stream, prompt=long_prompt)
+    assert answer.model in {EXTERNAL, SMALL} and answer.text
+
+
+@STREAMED
+async def test_prompt_over_every_context_is_a_clear_400(fstack: FaultStack, stream: bool) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        await ask(fstack, LARGE, stream=stream, prompt="word " * 9000)
+    assert info.value.code == "context_length_exceeded"
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+
+@STREAMED
+async def test_content_filter_refusal_is_passed_through(fstack: FaultStack, stream: bool) -> None:
+    fstack.faults(EXTERNAL, content_filter=True)
+    answer = await ask(fstack, "external", stream=stream)
+    assert answer.model == EXTERNAL and answer.finish_reason == "content_filter"
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(EXTERNAL, "ok")]  # not retried elsewhere
+
+
+# -- downgrade --------------------------------------------------------------------------------
+
+
+@STREAMED
+async def test_served_below_the_planned_tier_is_flagged(fstack: FaultStack, stream: bool) -> None:
+    fstack.faults(LARGE, error_status=503)
+    fstack.faults(EXTERNAL, error_status=503)
+    answer = await ask(fstack, "large", stream=stream)
+    assert answer.model == SMALL
+    assert answer.headers.get("x-tiergate-downgraded") == "true"
+    row = await entry(fstack, answer.request_id)
+    assert "tiergate:downgraded" in row.tags
+    fstack.faults(LARGE)
+    fstack.faults(EXTERNAL)
+    fine = await ask(fstack, "large", stream=stream)
+    assert fine.model == LARGE and "x-tiergate-downgraded" not in fine.headers
+
+
+# -- breaker ----------------------------------------------------------------------------------
+
+
+def breaker_state(stack: FaultStack, deployment: str) -> float | None:
+    for line in stack.metrics().splitlines():
+        if line.startswith("tiergate_breaker_state{") and f'"{deployment}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def test_flapping_primary_opens_the_breaker_then_recovers(fstack: FaultStack) -> None:
+    fstack.faults(SMALL, flap=True, error_status=503)
+    served: list[str] = []
+    for _ in range(8):
+        served.append((await ask(fstack, "small", stream=False)).model)
+        if served[-1] == LARGE:
+            break
+    assert served[0] == SMALL  # a call fails once, then its retry passes
+    assert served[-1] == LARGE  # the breaker opened: traffic flows to the fallback
+    assert breaker_state(fstack, SMALL) == 2
+    row = await entry(fstack, (await ask(fstack, "small", stream=True)).request_id)
+    assert outcomes(row)[0] == (SMALL, "circuit_open")
+    # an open breaker does not make the gateway unready
+    with urllib.request.urlopen(f"{fstack.base_url}/readyz", timeout=5) as response:
+        assert response.status == 200
+    fstack.faults(SMALL)  # healthy again
+    started = time.monotonic()
+    while True:
+        answer = await ask(fstack, "small", stream=False)
+        if answer.model == SMALL:
+            break
+        assert time.monotonic() - started < 30, "a recovered deployment gets traffic within 30 s"
+        await asyncio.sleep(0.5)
+    assert breaker_state(fstack, SMALL) == 0
+
+
+# -- everything down --------------------------------------------------------------------------
+
+
+@STREAMED
+async def test_all_candidates_down_is_one_clear_502(fstack: FaultStack, stream: bool) -> None:
+    for profile in PROFILES:
+        fstack.faults(profile, error_status=503)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as info:
+        await ask(fstack, "small", stream=stream)
+    assert time.monotonic() - started < 5
+    assert info.value.status_code == 502
+    message = str(info.value.message)
+    for profile in PROFILES:
+        assert profile in message
