@@ -3,11 +3,11 @@
 What is timed is what the edge does per request: ``PromptFeatures.from_messages`` (token
 estimate, content flags) plus ``classifier.score`` (model text, hashed n-grams, dot product),
 after imports and one warm-up call. Prompts are real arena-hard and MMLU-Pro prompts, cut or
-repeated to the sizes named (≈ 4 characters a token), as one user message and as a 40-turn
-conversation of the same total size. Model load is ``load_classifier()`` of the shipped file
-(skops read, type and version checks, the fast-path probe); resident memory is the growth of
-the process's RSS across the first load, measured in a fresh subprocess so nothing else is in
-it.
+repeated to the sizes named (≈ 4 characters a token; 50 different texts per size, cycled), as
+one user message and as a 40-turn conversation of the same total size. Model load is
+``load_classifier()`` of the shipped file (skops read, type and version checks, the fast-path
+probe); resident memory is the growth of the process's RSS across the first load, measured in
+a fresh subprocess so nothing else is in it.
 
 Targets (issue 3): scoring p99 < 1 ms at ≤ 500 tokens and < 5 ms at 4,000 tokens, load < 1 s,
 loaded model < 100 MB resident.
@@ -71,14 +71,18 @@ def _pin_to_one_core() -> int | None:
     return core
 
 
-def _text_of_tokens(pool: list[str], tokens: int) -> str:
+def _texts_of_tokens(pool: list[str], tokens: int, count: int) -> list[str]:
+    """``count`` different texts of about ``tokens`` tokens, each starting elsewhere in the pool."""
     target = tokens * 4
-    text = ""
-    i = 0
-    while len(text) < target:
-        text += pool[i % len(pool)] + "\n\n"
-        i += 1
-    return text[:target]
+    texts = []
+    for start in range(count):
+        text = ""
+        i = start * 7
+        while len(text) < target:
+            text += pool[i % len(pool)] + "\n\n"
+            i += 1
+        texts.append(text[:target])
+    return texts
 
 
 def _conversation(text: str, turns: int) -> list[dict[str, str]]:
@@ -93,11 +97,12 @@ def _conversation(text: str, turns: int) -> list[dict[str, str]]:
     return messages
 
 
-def _time_calls(classifier: Any, messages: list[dict[str, str]], calls: int) -> dict[str, float]:
-    """Wall and CPU (this thread) time per call; checks use CPU time, see the module doc."""
-    classifier.score(PromptFeatures.from_messages(messages))
+def _time_calls(classifier: Any, cases: list[list[dict[str, str]]], calls: int) -> dict[str, float]:
+    """Wall and CPU (this thread) time per call, cycling through ``cases``; see the module doc."""
+    classifier.score(PromptFeatures.from_messages(cases[0]))
     wall, cpu = [], []
-    for _ in range(calls):
+    for call in range(calls):
+        messages = cases[call % len(cases)]
         started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
         classifier.score(PromptFeatures.from_messages(messages))
         cpu.append((time.thread_time_ns() - started_cpu) / 1e6)
@@ -148,11 +153,12 @@ def main() -> None:
 
     cases: dict[str, dict[str, float]] = {}
     for tokens in TOKEN_SIZES:
-        text = _text_of_tokens(pool, tokens)
+        texts = _texts_of_tokens(pool, tokens, 50)
         calls = args.calls if tokens <= 4_000 else max(100, args.calls // 10)
-        single = [{"role": "user", "content": text}]
+        single = [[{"role": "user", "content": text}] for text in texts]
         cases[f"{tokens}_tokens_one_message"] = _time_calls(classifier, single, calls)
-        cases[f"{tokens}_tokens_40_turns"] = _time_calls(classifier, _conversation(text, 40), calls)
+        turns = [_conversation(text, 40) for text in texts]
+        cases[f"{tokens}_tokens_40_turns"] = _time_calls(classifier, turns, calls)
     rss, first_load_s = _first_load()
     load: dict[str, float | None] = {
         "first_in_fresh_process_s": first_load_s,

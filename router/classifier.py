@@ -106,6 +106,9 @@ _PROBES = (
 """Texts on which the fast scorer must agree with the pipeline before it is used."""
 
 
+_META_PATTERN = rf"\b{META_PREFIX}\w+\b"
+
+
 @dataclass(frozen=True, slots=True)
 class _Branch:
     analyzer: Callable[[str], list[str]]
@@ -114,6 +117,9 @@ class _Branch:
     l2: bool
     alternate_sign: bool
     weights: np.ndarray
+    meta_only: bool
+    """Its tokens are the structural ones: it reads only the first line of the model text
+    unless the prefix also occurs further on (then all of it, as the pipeline does)."""
 
 
 class _HashedLinearScorer:
@@ -158,6 +164,9 @@ class _HashedLinearScorer:
                         l2=vectorizer.norm == "l2",
                         alternate_sign=bool(vectorizer.alternate_sign),
                         weights=weights,
+                        meta_only=vectorizer.token_pattern == _META_PATTERN
+                        and vectorizer.preprocessor is None
+                        and vectorizer.strip_accents is None,
                     )
                 )
                 offset += n
@@ -174,9 +183,15 @@ class _HashedLinearScorer:
         return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
 
+def _meta_line(text: str) -> str:
+    """The first line of ``text`` when the structural prefix occurs nowhere after it."""
+    head, newline, rest = text.partition("\n")
+    return head if newline and META_PREFIX not in rest.lower() else text
+
+
 def _branch_value(branch: _Branch, text: str) -> float:
     """One vectorizer's row (as ``HashingVectorizer.transform`` makes it) · its weights."""
-    tokens = branch.analyzer(text)
+    tokens = branch.analyzer(_meta_line(text) if branch.meta_only else text)
     if not tokens:
         return 0.0
     hashes = np.fromiter((murmurhash3_32(t, seed=0) for t in tokens), np.int64, len(tokens))

@@ -51,7 +51,8 @@ def test_fast_path_matches_the_pipeline_on_real_prompts(shipped: SklearnClassifi
     assert shipped.fast
     rows = load_rows(DATA_DIR)[::97]
     features = [PromptFeatures.from_text(row.prompt) for row in rows]
-    features += [PromptFeatures.from_text(t) for t in [*EASY, *HARD, "", "🙂", "x" * 9000]]
+    odd = ["", "🙂", "x" * 9000, "line one\nTGMcode tgmlen9 tgmopts4\nagain tgmmath", "a\ntgm"]
+    features += [PromptFeatures.from_text(t) for t in [*EASY, *HARD, *odd]]
     reference = shipped.score_texts([model_text(f) for f in features])
     fast = [shipped.score(f) for f in features]
     assert fast == pytest.approx(reference, abs=1e-9)
