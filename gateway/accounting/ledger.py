@@ -21,8 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.dml import Insert
 
+from gateway.accounting.migrate import upgrade
 from gateway.accounting.records import Attempt, LedgerEntry
-from gateway.accounting.schema import create_schema, ledger_entries
+from gateway.accounting.schema import ledger_entries
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlLedger", "create_ledger_engine"]
 
@@ -169,9 +170,10 @@ class SqlLedger:
         return self._engine.dialect.name
 
     async def migrate(self) -> None:
-        """Create what is missing of the schema (idempotent, safe from several processes)."""
+        """Upgrade the schema to the newest Alembic revision (idempotent, safe from several
+        processes; a pre-Alembic database is stamped first)."""
         async with self._engine.begin() as conn:
-            await create_schema(conn)
+            await upgrade(conn)
 
     async def record(self, entry: LedgerEntry) -> bool:
         """Write ``entry``; ``False`` (and no change) when its ``request_id`` is already booked."""

@@ -4,9 +4,11 @@ One row per authenticated request, keyed by ``request_id``. Money is BIGINT micr
 when the price is unknown (``price_known`` false). Times are stored in UTC: ``TIMESTAMPTZ`` on
 PostgreSQL, UTC text on SQLite; both read back as aware UTC datetimes.
 
-There is no Alembic yet: ``create_schema`` issues ``CREATE … IF NOT EXISTS`` for every table and
-index (under an advisory lock on PostgreSQL, so processes starting together do not race). When
-Alembic arrives, its first revision is this schema and existing databases are stamped at it.
+Also the daily rollups (``ledger_daily``: tenant x model x tier x tag per UTC day) and the GPU
+true-up (``gpu_trueup``: what each self-hosted pool cost that day, allocated to tenants by token
+share). The schema is created and upgraded by Alembic (``gateway/accounting/migrations``); this
+metadata is what the migrations produce (a test compares them). ``create_schema`` is kept for
+tests that want the tables without migrations.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Date,
     DateTime,
     Dialect,
     Float,
@@ -33,7 +36,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["SCHEMA_LOCK_KEY", "UTCDateTime", "create_schema", "ledger_entries", "metadata"]
+__all__ = [
+    "SCHEMA_LOCK_KEY",
+    "UTCDateTime",
+    "create_schema",
+    "gpu_trueup",
+    "ledger_daily",
+    "ledger_entries",
+    "metadata",
+]
 
 SCHEMA_LOCK_KEY = 0x7469_6572_6761_7465
 """``pg_advisory_xact_lock`` key held while creating the schema (ASCII "tiergate")."""
@@ -101,6 +112,39 @@ ledger_entries = Table(
     Column("attempts", _JSON, nullable=False, comment="JSON array of Attempt.to_dict() objects"),
     Index(None, "tenant", "created_at"),
     Index(None, "created_at"),
+)
+
+ledger_daily = Table(
+    "ledger_daily",
+    metadata,
+    Column("day", Date, primary_key=True),
+    Column("tenant", String, primary_key=True),
+    Column("deployment", String, primary_key=True, comment="'' when no deployment answered"),
+    Column("tier", String, primary_key=True, comment="'' when the request had no tier"),
+    Column("tag", String, primary_key=True, comment="'' for untagged requests"),
+    Column("requests", BigInteger, nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("cost_micro_usd", BigInteger, nullable=False),
+    Column("baseline_micro_usd", BigInteger, nullable=False),
+    Column("savings_micro_usd", BigInteger, nullable=False),
+    Column("unknown_price", BigInteger, nullable=False),
+    Column("unknown_baseline", BigInteger, nullable=False),
+    Column("rolled_up_at", UTCDateTime(), nullable=False),
+)
+
+gpu_trueup = Table(
+    "gpu_trueup",
+    metadata,
+    Column("day", Date, primary_key=True),
+    Column("deployment", String, primary_key=True),
+    Column("tenant", String, primary_key=True, comment="'' holds a day with no tokens (idle)"),
+    Column("tokens", BigInteger, nullable=False),
+    Column("booked_micro_usd", BigInteger, nullable=False),
+    Column("allocated_micro_usd", BigInteger, nullable=False),
+    Column("pool_paid_micro_usd", BigInteger, nullable=False),
+    Column("paid_hours", Float, nullable=False),
+    Column("rolled_up_at", UTCDateTime(), nullable=False),
 )
 
 

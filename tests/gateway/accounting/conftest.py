@@ -72,7 +72,7 @@ async def ledger(db_url: str) -> AsyncIterator[SqlLedger]:
     try:
         if ledger.dialect == "postgresql":
             async with ledger.engine.begin() as conn:
-                await conn.execute(text("TRUNCATE ledger_entries"))
+                await conn.execute(text("TRUNCATE ledger_entries, ledger_daily, gpu_trueup"))
         yield ledger
     finally:
         await ledger.aclose()

@@ -1,0 +1,1 @@
+"""Alembic migrations of the ledger's tables (run at connect by ``gateway.accounting.migrate``)."""
