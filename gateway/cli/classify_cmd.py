@@ -11,6 +11,7 @@ classifier's paired difference from the prompt-length router (see ``router.train
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -127,9 +128,20 @@ def evaluate(
         curves = {name: cost_quality_curve(v, weak, strong) for name, v in routers.items()}
         legend = write_curve_png(curves, plot)
     if json_out:
-        typer.echo(json.dumps(result, indent=2, allow_nan=True))
+        typer.echo(json.dumps(_nan_to_null(result), indent=2, allow_nan=False))
         return
     _print_table(result, len(scores), legend, plot)
+
+
+def _nan_to_null(value: Any) -> Any:
+    """Strict JSON: undefined metrics (no quality gap between the models) become null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nan_to_null(v) for v in value]
+    return value
 
 
 def _print_table(

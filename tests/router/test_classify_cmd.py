@@ -90,3 +90,12 @@ def test_eval_requires_both_scores(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["eval", "-i", str(source)])
     assert result.exit_code == 2
     assert "strong_score" in result.output
+
+
+def test_eval_without_a_quality_gap_prints_null_not_nan(tmp_path: Path) -> None:
+    rows = [{"prompt": p, "weak_score": 1.0, "strong_score": 1.0} for p in PROMPTS]
+    source = _write(tmp_path / "flat.jsonl", rows)
+    result = CliRunner().invoke(app, ["eval", "-i", str(source), "--json", "--resamples", "20"])
+    assert result.exit_code == 0, result.output
+    assert "NaN" not in result.stdout
+    assert json.loads(result.stdout)["classifier"]["apgr"] is None
