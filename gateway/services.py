@@ -25,6 +25,7 @@ from gateway.accounting.writer import LedgerWriter
 from gateway.auth.keys import KeyStore
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.faults.breaker import RedisBreaker
+from gateway.faults.watch import BreakerWatch
 from gateway.faults.wiring import backend_timeouts, make_breaker, tier_faults
 from gateway.metrics import Metrics
 from gateway.queue.capacity import SlotLeases
@@ -72,8 +73,10 @@ class Services:
     queue_snapshot: QueueSnapshot | None = None
     """Cached queue state (expected waits, depths, in-flight), refreshed in the background."""
     breaker: RedisBreaker | None = None
-    """Circuit breakers shared through Redis; ``breaker.unavailable(...)`` feeds
-    ``Signals.unavailable`` (``None``: disabled in config)."""
+    """Circuit breakers shared through Redis (``None``: disabled in config)."""
+    breaker_watch: BreakerWatch | None = None
+    """Which breakers are open, refreshed every second: ``open_now`` feeds
+    ``Signals.unavailable``."""
     rules: RulesRuntime | None = None
     """Routing rules (SQL versions, hot reload) and sticky conversations (docs/rules.md)."""
 
@@ -211,6 +214,12 @@ async def open_services(
         breaker = make_breaker(
             settings.fallback, redis, settings.redis.key_prefix, metrics.set_breaker
         )
+        breaker_watch: BreakerWatch | None = None
+        if breaker is not None:
+            deployments = [d.model for d in settings.deployments]
+            breaker_watch = BreakerWatch(breaker, deployments, set_state=metrics.set_breaker)
+            breaker_watch.start()
+            stack.push_async_callback(breaker_watch.aclose)
         worker: Worker | None = None
         if workers:
             session = aiohttp.ClientSession(
@@ -284,5 +293,6 @@ async def open_services(
             edge_id=edge_id,
             queue_snapshot=snapshot,
             breaker=breaker,
+            breaker_watch=breaker_watch,
             rules=rules,
         )

@@ -27,9 +27,11 @@ def routing_error(exc: RoutingError) -> GatewayError:
 def _signals(services: Services) -> Signals:
     """The live state the planner reads: a cached snapshot, never a Redis call per request."""
     snapshot = services.queue_snapshot
+    watch = services.breaker_watch  # open circuit breakers (gateway.faults.watch)
+    unavailable = watch.open_now if watch is not None else frozenset()
     if snapshot is None:
-        return Signals()
-    return Signals(expected_wait_s=snapshot.expected_waits())
+        return Signals(unavailable=unavailable)
+    return Signals(unavailable=unavailable, expected_wait_s=snapshot.expected_waits())
 
 
 def plan_request(

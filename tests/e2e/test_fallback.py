@@ -468,8 +468,11 @@ async def test_flapping_primary_opens_the_breaker_then_recovers(fstack: FaultSta
     assert served[0] == SMALL  # a call fails once, then its retry passes
     assert served[-1] == LARGE  # the breaker opened: traffic flows to the fallback
     assert breaker_state(fstack, SMALL) == 2
-    row = await entry(fstack, (await ask(fstack, "small", stream=True)).request_id)
-    assert outcomes(row)[0] == (SMALL, "circuit_open")
+    streamed = await ask(fstack, "small", stream=True)
+    assert streamed.model == LARGE
+    row = await entry(fstack, streamed.request_id)
+    # skipped at once (circuit_open), or planned last by the router's snapshot and not reached
+    assert {o for d, o in outcomes(row) if d == SMALL} <= {"circuit_open"}
     # an open breaker does not make the gateway unready
     with urllib.request.urlopen(f"{fstack.base_url}/readyz", timeout=5) as response:
         assert response.status == 200

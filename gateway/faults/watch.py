@@ -1,0 +1,71 @@
+"""A cached view of which breakers are open, refreshed in the background.
+
+The router's ``Signals`` are a snapshot taken without I/O per request, so the edge reads
+``BreakerWatch.open_now`` (a frozenset) and this task refreshes it from Redis every
+``interval_s``; it also re-exports every deployment's state to ``/metrics``, so the gauge shows
+what all processes did, not only this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+from redis.exceptions import RedisError
+
+from gateway.faults.breaker import BreakerState, RedisBreaker
+
+__all__ = ["BreakerWatch"]
+
+log = logging.getLogger(__name__)
+
+
+class BreakerWatch:
+    def __init__(
+        self,
+        breaker: RedisBreaker,
+        deployments: Sequence[str],
+        *,
+        interval_s: float = 1.0,
+        set_state: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self._breaker = breaker
+        self._deployments = tuple(deployments)
+        self._interval_s = interval_s
+        self._set_state = set_state
+        self._task: asyncio.Task[None] | None = None
+        self.open_now: frozenset[str] = frozenset()
+        """Deployments whose breaker was open at the last refresh."""
+
+    async def refresh(self) -> None:
+        states: dict[str, BreakerState] = {}
+        for name in self._deployments:
+            try:
+                states[name] = await self._breaker.state(name)
+            except RedisError:
+                return  # keep the last view; the breaker itself fails open
+        self.open_now = frozenset(n for n, s in states.items() if s is BreakerState.OPEN)
+        if self._set_state is not None:
+            for name, state in states.items():
+                self._set_state(name, state.name.lower())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # a background refresher must not die
+                log.exception("breaker refresh failed")
+            await asyncio.sleep(self._interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="breaker-watch")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
