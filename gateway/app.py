@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.api import chat, explain, health, models, reports, rules
+from gateway.api import admin_keys, admin_tenants, chat, explain, health, models, reports, rules
 from gateway.api.errors import install_error_handlers
 from gateway.auth.access import PUBLIC, access
 from gateway.services import Services, open_services
@@ -59,9 +59,11 @@ def create_app(
 
 
 def create_admin_app(services: Services) -> FastAPI:
-    """The admin port: Prometheus metrics (not exposed on the public port)."""
+    """The admin port: Prometheus metrics and the tenant and key admin API (neither exposed on
+    the public port)."""
     app = FastAPI(title="tiergate admin", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.services = services
+    install_error_handlers(app)
 
     @app.get("/metrics", dependencies=[access(PUBLIC)])
     async def metrics() -> Response:
@@ -69,6 +71,8 @@ def create_admin_app(services: Services) -> FastAPI:
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(health.router)
+    app.include_router(admin_tenants.router)
+    app.include_router(admin_keys.router)
     return app
 
 

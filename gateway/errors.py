@@ -8,7 +8,10 @@ into responses.
     ├── AuthenticationFailed    401 invalid_api_key
     ├── PermissionDenied        403 model_not_allowed / permission_denied
     ├── ModelNotFound           404 model_not_found
+    │   └── NotFound            404 not_found (an admin object: tenant, key)
+    ├── Conflict                409 conflict (it exists already)
     ├── PayloadTooLarge         413 request_too_large
+    ├── HeadersTooLarge         431 request_headers_too_large
     ├── RateLimited             429 rate_limit_exceeded / queue_full (with Retry-After)
     ├── UpstreamFailed          502 upstream_error: every deployment of the plan failed
     ├── ServiceUnavailable      503 service_unavailable: Redis or the database cannot be used
@@ -21,11 +24,14 @@ from typing import Any
 
 __all__ = [
     "AuthenticationFailed",
+    "Conflict",
     "ContextTooLong",
     "DeadlineExceeded",
     "GatewayError",
+    "HeadersTooLarge",
     "InvalidRequest",
     "ModelNotFound",
+    "NotFound",
     "PayloadTooLarge",
     "PermissionDenied",
     "RateLimited",
@@ -96,6 +102,22 @@ class ModelNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
+
+
+class NotFound(ModelNotFound):
+    code = "not_found"
+
+
+class Conflict(GatewayError):
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_headers_too_large"
 
 
 class PayloadTooLarge(GatewayError):

@@ -22,7 +22,11 @@ from gateway.accounting.prices import PriceBook
 from gateway.accounting.sink import LedgerSink
 from gateway.accounting.throughput import ThroughputMeter
 from gateway.accounting.writer import LedgerWriter
+from gateway.auth.changes import AuthChanges
+from gateway.auth.directory import TenantDirectory
 from gateway.auth.keys import KeyStore
+from gateway.auth.runtime import RuntimeAuth
+from gateway.auth.store import SqlAuthStore
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.faults.breaker import RedisBreaker
 from gateway.faults.watch import BreakerWatch
@@ -70,6 +74,8 @@ class Services:
     metrics: Metrics
     worker: Worker | None
     edge_id: str
+    auth: RuntimeAuth | None = None
+    """Run-time tenants and keys (SQL, cached here); ``None`` in tests that build their own."""
     queue_snapshot: QueueSnapshot | None = None
     """Cached queue state (expected waits, depths, in-flight), refreshed in the background."""
     breaker: RedisBreaker | None = None
@@ -178,6 +184,8 @@ async def open_services(
 
         ledger = await SqlLedger.connect(settings.database.url)
         stack.push_async_callback(ledger.aclose)
+        auth_store = await SqlAuthStore.connect(settings.database.url)
+        stack.push_async_callback(auth_store.aclose)
         prices = PriceBook.from_settings(settings.deployments)
         writer = LedgerWriter(
             redis,
@@ -191,6 +199,18 @@ async def open_services(
         classifier = load_classifier(settings.router.model_path)
         metrics = Metrics()
         metrics.declare_deployments(d.model for d in settings.deployments)
+        directory = TenantDirectory(
+            build_policies(settings, classifier.threshold or _FALLBACK_THRESHOLD),
+            classifier.threshold or _FALLBACK_THRESHOLD,
+        )
+        auth = RuntimeAuth(
+            auth_store,
+            AuthChanges(redis, settings.redis.key_prefix),
+            on_tenants=directory.replace,
+        )
+        await auth.start()
+        stack.push_async_callback(auth.aclose)
+        keys = keys.with_runtime(auth)
 
         edge_id = secrets.token_hex(8)
         replies = ReplyRouter(blocking, redis_keys.replies(edge_id))
@@ -284,13 +304,14 @@ async def open_services(
             ledger_writer=writer,
             prices=prices,
             catalog=catalog,
-            policies=build_policies(settings, classifier.threshold or _FALLBACK_THRESHOLD),
+            policies=directory,
             classifier=classifier,
             dispatcher=dispatcher,
             replies=replies,
             metrics=metrics,
             worker=worker,
             edge_id=edge_id,
+            auth=auth,
             queue_snapshot=snapshot,
             breaker=breaker,
             breaker_watch=breaker_watch,

@@ -15,6 +15,7 @@ from gateway.api.deps import ServicesDep
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
 from gateway.api.routing import plan_request
 from gateway.auth.access import AUTHENTICATED, access
+from gateway.auth.directory import tenant_priority
 from gateway.auth.principals import Principal
 from gateway.errors import GatewayError, PermissionDenied
 from gateway.observability.logging import bind_request_id
@@ -69,7 +70,7 @@ async def chat_completions(
             admitted.meta.timeout_ms or services.settings.queue.default_timeout_ms,
             services.settings.queue.max_timeout_ms,
         )
-        policy_priority = services.settings.tenants[tenant].priority
+        policy_priority = tenant_priority(services.settings, services.policies, tenant)
         job = Job(
             request_id=request_id,
             tenant=tenant,

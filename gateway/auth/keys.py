@@ -1,8 +1,11 @@
-"""API keys: read once from the environment, kept only as hashes.
+"""API keys: the bootstrap keys read once from the environment, and the run-time keys.
 
-Keys are random, high-entropy tokens, so a keyed SHA-256 (HMAC) is the right hash: a slow
-password hash would cost milliseconds per request without adding strength. The HMAC key is
-per process; the plain key is dropped as soon as it is hashed.
+Bootstrap keys (named by ``key_env`` in the config) are kept only as HMAC-SHA256 hashes under a
+per-process random pepper: they never leave the process, so no shared secret is needed, and
+the plain key is dropped as soon as it is hashed. A slow password hash would cost milliseconds
+per request without adding strength to random tokens. Run-time keys (``tgk_…``, created
+through the admin API or CLI) live in SQL as salted SHA-256 hashes (``gateway.auth.tokens``)
+and are checked against this process's in-memory copy (``gateway.auth.runtime``).
 """
 
 from __future__ import annotations
@@ -11,10 +14,14 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gateway.auth.principals import Principal
 from gateway.settings import Settings, read_secret
+
+if TYPE_CHECKING:
+    from gateway.auth.runtime import RuntimeAuth
 
 __all__ = ["KeyStore", "MissingKeys", "hash_key"]
 
@@ -37,13 +44,23 @@ class MissingKeys(Exception):
 
 @dataclass(frozen=True, slots=True)
 class KeyStore:
-    """Maps key hashes to principals."""
+    """Maps key hashes to principals; run-time keys go to ``runtime`` when there is one."""
 
     pepper: bytes
     by_hash: Mapping[str, Principal]
+    runtime: RuntimeAuth | None = None
 
     def authenticate(self, key: str) -> Principal | None:
-        return self.by_hash.get(hash_key(key, pepper=self.pepper))
+        found = self.by_hash.get(hash_key(key, pepper=self.pepper))
+        if found is None and self.runtime is not None:
+            found = self.runtime.authenticate(key)
+        return found
+
+    def with_runtime(self, runtime: RuntimeAuth) -> KeyStore:
+        return replace(self, runtime=runtime)
+
+    def __repr__(self) -> str:
+        return f"KeyStore({len(self.by_hash)} bootstrap keys, runtime={self.runtime is not None})"
 
     @classmethod
     def from_settings(cls, settings: Settings, *, dev: bool) -> KeyStore:

@@ -9,7 +9,16 @@ from typing import Annotated
 import typer
 
 from gateway.auth.keys import MissingKeys
-from gateway.cli import classify_cmd, demo_cmd, ledger_cmd, rules_cmd, train_cmd, up_cmd
+from gateway.cli import (
+    classify_cmd,
+    demo_cmd,
+    keys_cmd,
+    ledger_cmd,
+    rules_cmd,
+    tenants_cmd,
+    train_cmd,
+    up_cmd,
+)
 from gateway.settings import Settings, load_settings
 
 __all__ = ["app", "main"]
@@ -17,6 +26,8 @@ __all__ = ["app", "main"]
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(ledger_cmd.ledger_app, name="ledger")
 app.add_typer(rules_cmd.rules_app, name="rules")
+app.add_typer(tenants_cmd.tenants_app, name="tenants")
+app.add_typer(keys_cmd.keys_app, name="keys")
 app.command("report")(ledger_cmd.report)
 app.command("up")(up_cmd.up)
 app.command("demo")(demo_cmd.demo)

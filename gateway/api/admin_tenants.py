@@ -1,0 +1,89 @@
+"""``/v1/admin/tenants``: run-time tenants (admin role, on the admin port)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Response
+
+from gateway.api.deps import ServicesDep
+from gateway.auth.access import ADMIN, access
+from gateway.auth.admin import AuthAdmin
+from gateway.auth.tenants import TenantProfile, TenantRecord
+from gateway.errors import Conflict, InvalidRequest, ServiceUnavailable
+from gateway.services import Services
+
+__all__ = ["admin_of", "router"]
+
+router = APIRouter(prefix="/v1/admin/tenants", dependencies=[access(ADMIN)], tags=["admin"])
+
+
+class TenantCreate(TenantProfile):
+    name: str
+
+
+def admin_of(services: Services) -> AuthAdmin:
+    if services.auth is None:
+        raise ServiceUnavailable("run-time tenants and keys are not enabled in this process")
+    return AuthAdmin(services.auth.store, services.auth.changes, services.auth)
+
+
+def _view(record: TenantRecord, *, source: str = "runtime") -> dict[str, Any]:
+    return {
+        "name": record.name,
+        "source": source,
+        **record.profile.model_dump(mode="json"),
+        "created_at": record.created_at.isoformat(),
+        "updated_at": record.updated_at.isoformat(),
+    }
+
+
+def _check_models(services: Services, profile: TenantProfile) -> None:
+    known = {spec.model for spec in services.catalog.deployments}
+    unknown = sorted(set(profile.allowed_models or ()) - known)
+    if unknown:
+        raise InvalidRequest(f"unknown deployments {unknown}", param="allowed_models")
+
+
+@router.get("")
+async def list_tenants(services: ServicesDep) -> dict[str, Any]:
+    records = await admin_of(services).store.list_tenants()
+    configured = [
+        {"name": name, "source": "config", "default_tier": t.default_tier.value}
+        for name, t in sorted(services.settings.tenants.items())
+    ]
+    return {"object": "list", "data": configured + [_view(r) for r in records]}
+
+
+@router.post("", status_code=201)
+async def create_tenant(services: ServicesDep, body: TenantCreate) -> dict[str, Any]:
+    if body.name in services.settings.tenants:
+        raise Conflict(f"tenant {body.name!r} is defined in the config file")
+    profile = TenantProfile.model_validate(body.model_dump(exclude={"name"}))
+    _check_models(services, profile)
+    return _view(await admin_of(services).create_tenant(body.name, profile))
+
+
+@router.get("/{name}")
+async def get_tenant(services: ServicesDep, name: str) -> dict[str, Any]:
+    return _view(await admin_of(services).store.get_tenant(name))
+
+
+@router.patch("/{name}")
+async def update_tenant(
+    services: ServicesDep, name: str, changes: Annotated[dict[str, Any], Body()]
+) -> dict[str, Any]:
+    admin = admin_of(services)
+    current = await admin.store.get_tenant(name)
+    try:
+        merged = TenantProfile.model_validate({**current.profile.model_dump(), **changes})
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid tenant settings: {exc}".splitlines()[0]) from None
+    _check_models(services, merged)
+    return _view(await admin.update_tenant(name, changes))
+
+
+@router.delete("/{name}", status_code=204)
+async def delete_tenant(services: ServicesDep, name: str) -> Response:
+    await admin_of(services).delete_tenant(name)
+    return Response(status_code=204)

@@ -1,0 +1,277 @@
+"""``SqlAuthStore``: tenants and API keys in SQL (the ledger's database), SQL being the source
+of truth; every gateway process keeps a copy in memory (``gateway.auth.runtime``).
+
+Keys are created, rotated (the old key keeps working until its overlap window closes) and
+revoked here; the plain key is returned once by ``create_key`` / ``rotate_key`` and never
+stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.accounting.ledger import create_ledger_engine
+from gateway.auth.schema import api_keys, create_auth_schema, tenants
+from gateway.auth.tenants import (
+    KeyRecord,
+    TenantProfile,
+    TenantRecord,
+    check_roles,
+    valid_name,
+)
+from gateway.auth.tokens import NewKey, new_key
+from gateway.errors import Conflict, InvalidRequest, NotFound
+
+__all__ = ["IssuedKey", "SqlAuthStore"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class IssuedKey:
+    """A key just created: its record and, once, its plain value."""
+
+    __slots__ = ("key", "record")
+
+    def __init__(self, record: KeyRecord, key: str) -> None:
+        self.record = record
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"IssuedKey(key_id={self.record.key_id!r})"
+
+
+def _key_record(row: RowMapping) -> KeyRecord:
+    return KeyRecord(
+        key_id=row["key_id"],
+        salt=row["salt"],
+        digest=row["digest"],
+        principal=row["principal"],
+        roles=tuple(row["roles"]),
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"],
+        last_used_at=row["last_used_at"],
+        replaced_by=row["replaced_by"],
+        note=row["note"],
+    )
+
+
+def _tenant_record(row: RowMapping) -> TenantRecord:
+    return TenantRecord(
+        name=row["name"],
+        profile=TenantProfile.model_validate(row["profile"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+class SqlAuthStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    @classmethod
+    async def connect(cls, url: str, **engine_kwargs: Any) -> SqlAuthStore:
+        store = cls(create_ledger_engine(url, **engine_kwargs))
+        try:
+            async with store._engine.begin() as conn:
+                await create_auth_schema(conn)
+        except BaseException:
+            await store.aclose()
+            raise
+        return store
+
+    async def aclose(self) -> None:
+        await self._engine.dispose()
+
+    # tenants
+
+    async def create_tenant(self, name: str, profile: TenantProfile) -> TenantRecord:
+        if not valid_name(name):
+            raise InvalidRequest(
+                "tenant names are 1-63 of a-z, 0-9, '-', '_', starting alphanumeric",
+                param="name",
+            )
+        now = _now()
+        row = {"name": name, "profile": profile.model_dump(mode="json"), "created_at": now}
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(insert(tenants).values(**row, updated_at=now))
+        except IntegrityError:
+            raise Conflict(f"tenant {name!r} exists") from None
+        return TenantRecord(name, profile, now, now)
+
+    async def update_tenant(self, name: str, changes: Mapping[str, Any]) -> TenantRecord:
+        current = await self.get_tenant(name)
+        merged = {**current.profile.model_dump(mode="json"), **changes}
+        profile = TenantProfile.model_validate(merged)
+        now = _now()
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(tenants)
+                .where(tenants.c.name == name)
+                .values(profile=profile.model_dump(mode="json"), updated_at=now)
+            )
+        return TenantRecord(name, profile, current.created_at, now)
+
+    async def get_tenant(self, name: str) -> TenantRecord:
+        async with self._engine.connect() as conn:
+            row = (
+                (await conn.execute(select(tenants).where(tenants.c.name == name)))
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise NotFound(f"no tenant {name!r}")
+        return _tenant_record(row)
+
+    async def list_tenants(self) -> list[TenantRecord]:
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(select(tenants).order_by(tenants.c.name))).mappings()
+            return [_tenant_record(r) for r in rows]
+
+    async def delete_tenant(self, name: str) -> None:
+        """Remove a tenant and revoke every key acting for it."""
+        now = _now()
+        async with self._engine.begin() as conn:
+            deleted = await conn.execute(delete(tenants).where(tenants.c.name == name))
+            if deleted.rowcount == 0:
+                raise NotFound(f"no tenant {name!r}")
+            for record in await self._keys(conn):
+                if record.revoked_at is None and any(
+                    r in (f"tenant:{name}", f"rules:{name}") for r in record.roles
+                ):
+                    await conn.execute(
+                        update(api_keys)
+                        .where(api_keys.c.key_id == record.key_id)
+                        .values(revoked_at=now)
+                    )
+
+    # keys
+
+    async def create_key(
+        self,
+        principal: str,
+        roles: Sequence[str],
+        *,
+        expires_at: datetime | None = None,
+        note: str | None = None,
+    ) -> IssuedKey:
+        roles = tuple(dict.fromkeys(roles))
+        problem = check_roles(roles)
+        if problem is not None:
+            raise InvalidRequest(problem, param="roles")
+        if not principal or len(principal) > 128:
+            raise InvalidRequest("a principal name is 1-128 characters", param="principal")
+        made = new_key()
+        record = self._new_record(made, principal, roles, expires_at, note)
+        async with self._engine.begin() as conn:
+            await conn.execute(insert(api_keys).values(**_record_row(record)))
+        return IssuedKey(record, made.key)
+
+    async def rotate_key(self, key_id: str, *, overlap: timedelta) -> IssuedKey:
+        """A new key for the same principal and roles; the old one expires after ``overlap``."""
+        if overlap < timedelta(0):
+            raise InvalidRequest("the overlap window cannot be negative", param="overlap_s")
+        old = await self.get_key(key_id)
+        if not old.usable_at(_now()):
+            raise Conflict(f"key {key_id} is revoked or expired; create a new one")
+        made = new_key()
+        record = self._new_record(made, old.principal, old.roles, None, old.note)
+        closes = _now() + overlap
+        if old.expires_at is not None:
+            closes = min(closes, old.expires_at)
+        async with self._engine.begin() as conn:
+            await conn.execute(insert(api_keys).values(**_record_row(record)))
+            await conn.execute(
+                update(api_keys)
+                .where(api_keys.c.key_id == key_id)
+                .values(expires_at=closes, replaced_by=record.key_id)
+            )
+        return IssuedKey(record, made.key)
+
+    async def revoke_key(self, key_id: str) -> KeyRecord:
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(api_keys)
+                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=_now())
+            )
+        return await self.get_key(key_id)
+
+    async def get_key(self, key_id: str) -> KeyRecord:
+        async with self._engine.connect() as conn:
+            found = await self._keys(conn, key_id=key_id)
+        if not found:
+            raise NotFound(f"no key {key_id!r}")
+        return found[0]
+
+    async def list_keys(self, *, principal: str | None = None) -> list[KeyRecord]:
+        async with self._engine.connect() as conn:
+            records = await self._keys(conn)
+        return [r for r in records if principal is None or r.principal == principal]
+
+    async def touch(self, last_used: Mapping[str, datetime]) -> None:
+        """Record last-used times for many keys in one statement (batched by the caller)."""
+        if not last_used:
+            return
+        stmt = (
+            update(api_keys)
+            .where(api_keys.c.key_id == bindparam("k"))
+            .values(last_used_at=bindparam("t"))
+        )
+        async with self._engine.begin() as conn:
+            await conn.execute(stmt, [{"k": k, "t": t} for k, t in last_used.items()])
+
+    @staticmethod
+    async def _keys(conn: Any, *, key_id: str | None = None) -> list[KeyRecord]:
+        stmt = select(api_keys).order_by(api_keys.c.created_at, api_keys.c.key_id)
+        if key_id is not None:
+            stmt = stmt.where(api_keys.c.key_id == key_id)
+        return [_key_record(r) for r in (await conn.execute(stmt)).mappings()]
+
+    @staticmethod
+    def _new_record(
+        made: NewKey,
+        principal: str,
+        roles: tuple[str, ...],
+        expires_at: datetime | None,
+        note: str | None,
+    ) -> KeyRecord:
+        return KeyRecord(
+            key_id=made.key_id,
+            salt=made.salt,
+            digest=made.digest,
+            principal=principal,
+            roles=roles,
+            created_at=_now(),
+            expires_at=expires_at,
+            revoked_at=None,
+            last_used_at=None,
+            replaced_by=None,
+            note=note,
+        )
+
+
+def _record_row(record: KeyRecord) -> dict[str, Any]:
+    return {
+        "key_id": record.key_id,
+        "salt": record.salt,
+        "digest": record.digest,
+        "principal": record.principal,
+        "roles": list(record.roles),
+        "created_at": record.created_at,
+        "expires_at": record.expires_at,
+        "revoked_at": record.revoked_at,
+        "last_used_at": record.last_used_at,
+        "replaced_by": record.replaced_by,
+        "note": record.note,
+    }

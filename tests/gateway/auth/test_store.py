@@ -1,0 +1,97 @@
+"""``SqlAuthStore`` on a real SQLite file."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from gateway.auth.store import SqlAuthStore
+from gateway.auth.tenants import TenantProfile
+from gateway.errors import Conflict, InvalidRequest, NotFound
+from router.catalog import Tier
+
+
+@pytest.fixture
+async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    store = await SqlAuthStore.connect(f"sqlite+aiosqlite:///{tmp_path / 'auth.db'}")
+    yield store
+    await store.aclose()
+
+
+async def test_tenants_round_trip(store: SqlAuthStore) -> None:
+    created = await store.create_tenant("umbrella", TenantProfile(default_tier=Tier.LARGE))
+    assert created.profile.default_tier is Tier.LARGE
+    with pytest.raises(Conflict):
+        await store.create_tenant("umbrella", TenantProfile())
+    updated = await store.update_tenant("umbrella", {"priority": "batch", "threshold": 0.3})
+    assert updated.profile.priority == "batch" and updated.profile.default_tier is Tier.LARGE
+    assert [t.name for t in await store.list_tenants()] == ["umbrella"]
+    with pytest.raises(InvalidRequest):
+        await store.create_tenant("Bad Name!", TenantProfile())
+    with pytest.raises(NotFound):
+        await store.get_tenant("nobody")
+
+
+async def test_key_is_stored_as_salted_hash_only(store: SqlAuthStore, tmp_path: Path) -> None:
+    issued = await store.create_key("ops-bot", ["tenant:umbrella"], note="ci")
+    assert issued.key.startswith("tgk_") and issued.record.key_id in issued.key
+    listed = await store.list_keys()
+    assert [k.key_id for k in listed] == [issued.record.key_id]
+    assert "digest" not in listed[0].public() and "salt" not in listed[0].public()
+    raw = (tmp_path / "auth.db").read_bytes()
+    wal = tmp_path / "auth.db-wal"
+    if wal.exists():
+        raw += wal.read_bytes()
+    secret = issued.key.split("_", 2)[2]
+    assert secret.encode() not in raw and issued.key.encode() not in raw
+
+
+async def test_roles_are_checked(store: SqlAuthStore) -> None:
+    for roles in ([], ["superuser"], ["tenant:"], ["tenant:Bad Name"]):
+        with pytest.raises(InvalidRequest):
+            await store.create_key("x", roles)
+
+
+async def test_rotation_sets_the_old_keys_window(store: SqlAuthStore) -> None:
+    old = await store.create_key("app", ["tenant:acme"])
+    before = datetime.now(UTC)
+    new = await store.rotate_key(old.record.key_id, overlap=timedelta(seconds=60))
+    record = await store.get_key(old.record.key_id)
+    assert record.replaced_by == new.record.key_id
+    assert record.expires_at is not None
+    assert before + timedelta(seconds=59) < record.expires_at < before + timedelta(seconds=62)
+    assert new.record.roles == ("tenant:acme",) and new.record.principal == "app"
+    await store.revoke_key(new.record.key_id)
+    with pytest.raises(Conflict):
+        await store.rotate_key(new.record.key_id, overlap=timedelta(0))
+
+
+async def test_touch_batches_last_used(store: SqlAuthStore) -> None:
+    a = await store.create_key("a", ["finance"])
+    b = await store.create_key("b", ["admin"])
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    await store.touch({a.record.key_id: at, b.record.key_id: at + timedelta(seconds=1)})
+    assert (await store.get_key(a.record.key_id)).last_used_at == at
+    assert (await store.get_key(b.record.key_id)).last_used_at == at + timedelta(seconds=1)
+
+
+async def test_deleting_a_tenant_revokes_its_keys(store: SqlAuthStore) -> None:
+    await store.create_tenant("umbrella", TenantProfile())
+    key = await store.create_key("u", ["tenant:umbrella"])
+    other = await store.create_key("f", ["finance"])
+    await store.delete_tenant("umbrella")
+    assert (await store.get_key(key.record.key_id)).revoked_at is not None
+    assert (await store.get_key(other.record.key_id)).revoked_at is None
+
+
+async def test_schema_creation_is_idempotent(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'twice.db'}"
+    for _ in range(2):
+        store = await SqlAuthStore.connect(url)
+        async with store._engine.connect() as conn:
+            tables = (await conn.execute(text("SELECT name FROM sqlite_master"))).scalars().all()
+        await store.aclose()
+    assert {"tenants", "api_keys"} <= set(tables)
