@@ -71,3 +71,15 @@ def pair(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[P
                 client.delete(key)
         finally:
             client.close()
+
+
+# In-process apps on real services (SQLite in a temp dir, the test Redis), shared with the auth
+# tests.
+from tests.gateway.auth.conftest import (  # noqa: E402
+    admin_client,
+    public_client,
+    services,
+    settings,
+)
+
+__all__ = ["Gateway", "Pair", "admin_client", "pair", "public_client", "services", "settings"]
