@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from backends.protocol import Backend
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
+from gateway.accounting.rollups import RollupJob
 from gateway.accounting.sink import LedgerSink
 from gateway.accounting.throughput import ThroughputMeter
 from gateway.accounting.writer import LedgerWriter
@@ -292,6 +293,9 @@ async def open_services(
             )
             sink.start()
             stack.push_async_callback(sink.aclose)
+            rollups = RollupJob.from_prices(ledger, prices)
+            rollups.start()
+            stack.push_async_callback(rollups.aclose)
             worker.start()
             stack.push_async_callback(worker.aclose)
 

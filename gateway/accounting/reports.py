@@ -50,9 +50,11 @@ __all__ = [
     "CostSums",
     "GroupValue",
     "cost_report",
+    "day_column",
     "render_csv",
     "render_json",
     "render_table",
+    "sum_columns",
 ]
 
 GROUP_KEYS = (
@@ -130,7 +132,7 @@ class CostReport:
     totals: CostSums
 
 
-def _day(dialect: str) -> ColumnElement[Any]:
+def day_column(dialect: str) -> ColumnElement[Any]:
     created = ledger_entries.c.created_at
     if dialect == "postgresql":
         return cast(func.timezone("UTC", created), Date)
@@ -138,7 +140,7 @@ def _day(dialect: str) -> ColumnElement[Any]:
     return func.date(created)
 
 
-def _sum_columns() -> list[ColumnElement[Any]]:
+def sum_columns() -> list[ColumnElement[Any]]:
     c = ledger_entries.c
     both_known = and_(c.cost_micro_usd.is_not(None), c.baseline_micro_usd.is_not(None))
     unknown_price = or_(c.cost_micro_usd.is_(None), c.price_known.is_(False))
@@ -180,7 +182,7 @@ def _grouped_query(dialect: str, group_by: Sequence[str]) -> Select[Any]:
     tags = None
     for name in group_by:
         if name == "day":
-            keys.append(_day(dialect))
+            keys.append(day_column(dialect))
         elif name == "tag":
             fn = "jsonb_array_elements_text" if dialect == "postgresql" else "json_each"
             tags = getattr(func, fn)(ledger_entries.c.tags).table_valued("value").alias("tag")
@@ -189,7 +191,7 @@ def _grouped_query(dialect: str, group_by: Sequence[str]) -> Select[Any]:
             keys.append(_COLUMNS[name])
     labelled = [k.label(f"k{i}") for i, k in enumerate(keys)]
     source = ledger_entries if tags is None else ledger_entries.outerjoin(tags, true())
-    query = select(*labelled, *_sum_columns()).select_from(source)
+    query = select(*labelled, *sum_columns()).select_from(source)
     return query.group_by(*labelled) if labelled else query
 
 
@@ -220,7 +222,7 @@ async def cost_report(
     if unknown or len(set(group_by)) != len(group_by):
         raise ValueError(f"group_by {list(group_by)}: use distinct keys of {list(GROUP_KEYS)}")
     grouped = _filtered(_grouped_query(ledger.dialect, group_by), tenant, start, end)
-    totals = _filtered(select(*_sum_columns()).select_from(ledger_entries), tenant, start, end)
+    totals = _filtered(select(*sum_columns()).select_from(ledger_entries), tenant, start, end)
     async with ledger.engine.connect() as conn:
         group_rows = (await conn.execute(grouped)).all()
         total_row = (await conn.execute(totals)).one()

@@ -1,10 +1,12 @@
-"""``tiergate report`` and ``tiergate ledger show``: read the ledger from the command line."""
+"""``tiergate report`` and ``tiergate ledger show | verify | rollup``: the ledger from the command
+line."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from datetime import date
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -13,12 +15,17 @@ from rich.console import Console
 
 from gateway.accounting.events import encode_entry
 from gateway.accounting.ledger import SqlLedger
+from gateway.accounting.prices import PriceBook
 from gateway.accounting.reports import cost_report, render_csv, render_json, render_table
-from gateway.settings import load_settings
+from gateway.accounting.rollups import rollup_day
+from gateway.accounting.verify import VerifyReport, verify_ledger
+from gateway.queue.connection import redis_client
+from gateway.queue.keys import RedisKeys
+from gateway.settings import Settings, load_settings
 
 __all__ = ["ledger_app", "report"]
 
-ledger_app = typer.Typer(no_args_is_help=True, help="Read single ledger rows.")
+ledger_app = typer.Typer(no_args_is_help=True, help="Ledger rows, rollups and reconciliation.")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", exists=True, help="YAML config")]
 
@@ -32,7 +39,7 @@ def report(
     since: Annotated[str | None, typer.Option("--from", help="first day, YYYY-MM-DD")] = None,
     until: Annotated[str | None, typer.Option("--to", help="last day, YYYY-MM-DD")] = None,
     group_by: Annotated[
-        str, typer.Option(help="comma-separated: day,model,tier,tenant")
+        str, typer.Option(help="comma-separated: day,model,tier,tag,rule,tenant,app,outcome")
     ] = "day,model",
 ) -> None:
     """Cost per tenant, summed by day and model (or other groups)."""
@@ -80,3 +87,87 @@ def show(
         typer.echo(json.dumps(json.loads(encode_entry(entry)), indent=2))
 
     asyncio.run(run())
+
+
+def _day(text: str | None) -> date | None:
+    return date.fromisoformat(text) if text else None
+
+
+def gpu_pool_costs(settings: Settings) -> dict[str, Decimal]:
+    """Pool $/h of every GPU-priced deployment."""
+    prices = PriceBook.from_settings(settings.deployments, cost_map={})
+    costs = {m: prices.gpu_cost(m) for m in prices.gpu_models}
+    return {m: c.hourly_usd for m, c in costs.items() if c is not None}
+
+
+@ledger_app.command("rollup")
+def rollup(
+    config: ConfigOpt,
+    day: Annotated[str | None, typer.Option(help="UTC day, YYYY-MM-DD (default: today)")] = None,
+) -> None:
+    """Recompute one day's rollups and GPU true-up from the ledger rows."""
+    settings = load_settings(config)
+
+    async def run() -> None:
+        ledger = await SqlLedger.connect(settings.database.url)
+        try:
+            target = _day(day) or datetime.now(UTC).date()
+            result = await rollup_day(ledger, target, gpu=gpu_pool_costs(settings))
+        finally:
+            await ledger.aclose()
+        typer.echo(
+            f"{result.day}: {result.groups} rollup groups, {result.trueup_rows} true-up rows"
+        )
+
+    asyncio.run(run())
+
+
+def _print_verify(report: VerifyReport) -> None:
+    typer.echo(
+        f"rows {report.rows}, days {report.days}, rollup groups {report.rollup_groups}, "
+        f"stream events {report.stream_events} ({report.stream_booked} booked, "
+        f"{report.stream_in_flight} in flight)"
+    )
+    for note in report.notes:
+        typer.echo(f"note: {note}")
+    for diff in report.differences:
+        typer.echo(f"DIFFERENCE [{diff.check}] {diff.detail}")
+    typer.echo(
+        "ok: rows, rollups, true-up and stream agree"
+        if report.ok
+        else f"{len(report.differences)} differences"
+    )
+
+
+@ledger_app.command("verify")
+def verify(
+    config: ConfigOpt,
+    since: Annotated[str | None, typer.Option("--from", help="first day, YYYY-MM-DD")] = None,
+    until: Annotated[str | None, typer.Option("--to", help="last day, YYYY-MM-DD")] = None,
+) -> None:
+    """Reconcile ledger rows, daily rollups, GPU true-ups and the event stream; print every
+    difference (exit status 1 when there is one)."""
+    settings = load_settings(config)
+
+    async def run() -> VerifyReport:
+        ledger = await SqlLedger.connect(settings.database.url)
+        redis = redis_client(settings.redis.url, socket_timeout=5.0) if settings.redis.url else None
+        try:
+            return await verify_ledger(
+                ledger,
+                start=_day(since),
+                end=_day(until),
+                redis=redis,
+                stream=RedisKeys(settings.redis.key_prefix).ledger_events,
+            )
+        finally:
+            await ledger.aclose()
+            if redis is not None:
+                await redis.aclose()
+
+    report = asyncio.run(run())
+    if settings.redis.url is None:
+        report.notes.append("no redis.url configured: the event stream was not checked")
+    _print_verify(report)
+    if not report.ok:
+        raise typer.Exit(1)

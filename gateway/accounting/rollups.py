@@ -1,0 +1,234 @@
+"""Daily rollups of the ledger, and the daily GPU true-up.
+
+``ledger_daily`` holds, per UTC day, the sums of the ledger's rows per tenant x deployment x tier
+x tag (a request with several tags counts under each; untagged under ``''``). ``rollup_day``
+recomputes one day from the rows in one transaction (delete, then ``INSERT … SELECT``), so running
+it again, or from two processes, gives the same table; late rows are picked up by the next run.
+
+The GPU true-up allocates what each GPU-priced pool actually cost that day — its hourly cost
+times the hours of the day that have passed (24 for a past day), idle time included — to the
+tenants by their share of the tokens the pool served (prompt + completion of the rows it
+answered). Micro-dollars are split by largest remainder, so the allocations add up to the pool's
+cost exactly. A day without tokens keeps its whole cost on tenant ``''`` (idle, unallocated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Select, and_, delete, func, literal, select, text, true
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from gateway.accounting.ledger import SqlLedger
+from gateway.accounting.prices import PriceBook
+from gateway.accounting.records import to_micro
+from gateway.accounting.reports import sum_columns
+from gateway.accounting.schema import gpu_trueup, ledger_daily, ledger_entries
+
+__all__ = [
+    "ROLLUP_COLUMNS",
+    "RollupJob",
+    "RollupResult",
+    "allocate",
+    "daily_query",
+    "paid_hours",
+    "rollup_day",
+]
+
+log = logging.getLogger(__name__)
+
+ROLLUP_LOCK_KEY = 0x7467_726F_6C6C_7570
+ROLLUP_COLUMNS = (
+    "day",
+    "tenant",
+    "deployment",
+    "tier",
+    "tag",
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_micro_usd",
+    "baseline_micro_usd",
+    "savings_micro_usd",
+    "unknown_price",
+    "unknown_baseline",
+)
+
+
+def _day_bounds(day: date) -> tuple[datetime, datetime]:
+    start = datetime.combine(day, time(), UTC)
+    return start, start + timedelta(days=1)
+
+
+def _on_day(day: date) -> Any:
+    start, end = _day_bounds(day)
+    return and_(ledger_entries.c.created_at >= start, ledger_entries.c.created_at < end)
+
+
+def daily_query(dialect: str, day: date) -> Select[Any]:
+    """One row per (day, tenant, deployment, tier, tag) of ``day``, in ``ROLLUP_COLUMNS`` order."""
+    c = ledger_entries.c
+    fn = "jsonb_array_elements_text" if dialect == "postgresql" else "json_each"
+    tags = getattr(func, fn)(c.tags).table_valued("value").alias("tag")
+    keys = [
+        literal(day).label("day"),
+        c.tenant.label("tenant"),
+        func.coalesce(c.deployment, "").label("deployment"),
+        func.coalesce(c.tier, "").label("tier"),
+        func.coalesce(tags.c.value, "").label("tag"),
+    ]
+    return (
+        select(*keys, *sum_columns())
+        .select_from(ledger_entries.outerjoin(tags, true()))
+        .where(_on_day(day))
+        .group_by(*keys[1:])
+    )
+
+
+def paid_hours(day: date, now: datetime) -> Decimal:
+    """Hours of ``day`` (UTC) that have passed at ``now``: 24 for a past day."""
+    start, end = _day_bounds(day)
+    if now >= end:
+        return Decimal(24)
+    if now <= start:
+        return Decimal(0)
+    return Decimal(int((now - start).total_seconds())) / 3600
+
+
+def allocate(total: int, weights: Mapping[str, int]) -> dict[str, int]:
+    """Split ``total`` micro-dollars by ``weights``, largest remainder first (ties by name), so
+    the parts add up to ``total`` exactly."""
+    weight = sum(weights.values())
+    if weight <= 0:
+        return {}
+    parts = {k: total * w // weight for k, w in weights.items()}
+    left = total - sum(parts.values())
+    order = sorted(weights, key=lambda k: (-(total * weights[k] % weight), k))
+    for k in order[:left]:
+        parts[k] += 1
+    return parts
+
+
+@dataclass(frozen=True, slots=True)
+class RollupResult:
+    day: date
+    groups: int
+    trueup_rows: int
+
+
+async def _trueup_rows(
+    conn: AsyncConnection, day: date, gpu: Mapping[str, Decimal], now: datetime
+) -> list[dict[str, Any]]:
+    c = ledger_entries.c
+    hours = paid_hours(day, now)
+    rows: list[dict[str, Any]] = []
+    for deployment in sorted(gpu):
+        query = (
+            select(
+                c.tenant,
+                func.coalesce(func.sum(c.prompt_tokens + c.completion_tokens), 0),
+                func.coalesce(func.sum(c.cost_micro_usd), 0),
+            )
+            .where(_on_day(day), c.deployment == deployment)
+            .group_by(c.tenant)
+        )
+        usage = {str(t): (int(n), int(b)) for t, n, b in (await conn.execute(query)).all()}
+        paid = to_micro(gpu[deployment] * hours)
+        shares = allocate(paid, {t: n for t, (n, _b) in usage.items() if n > 0})
+        if not shares:
+            usage[""] = (0, 0)
+            shares = {"": paid}
+        for tenant, (tokens, booked) in sorted(usage.items()):
+            rows.append(
+                {
+                    "day": day,
+                    "deployment": deployment,
+                    "tenant": tenant,
+                    "tokens": tokens,
+                    "booked_micro_usd": booked,
+                    "allocated_micro_usd": shares.get(tenant, 0),
+                    "pool_paid_micro_usd": paid,
+                    "paid_hours": float(hours),
+                    "rolled_up_at": now,
+                }
+            )
+    return rows
+
+
+async def rollup_day(
+    ledger: SqlLedger,
+    day: date,
+    *,
+    gpu: Mapping[str, Decimal] | None = None,
+    now: datetime | None = None,
+) -> RollupResult:
+    """Recompute ``day``'s rollups (and GPU true-up for the pools in ``gpu``: model → pool $/h)
+    from the ledger rows, replacing what was there."""
+    now = now or datetime.now(UTC)
+    async with ledger.engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ROLLUP_LOCK_KEY})
+        await conn.execute(delete(ledger_daily).where(ledger_daily.c.day == day))
+        source = daily_query(conn.dialect.name, day).add_columns(
+            literal(now, ledger_daily.c.rolled_up_at.type)
+        )
+        insert = ledger_daily.insert().from_select([*ROLLUP_COLUMNS, "rolled_up_at"], source)
+        groups = (await conn.execute(insert)).rowcount
+        await conn.execute(delete(gpu_trueup).where(gpu_trueup.c.day == day))
+        trueups = await _trueup_rows(conn, day, gpu or {}, now)
+        if trueups:
+            await conn.execute(gpu_trueup.insert(), trueups)
+    return RollupResult(day, max(groups, 0), len(trueups))
+
+
+class RollupJob:
+    """Rolls up yesterday and today every ``interval_s`` (in the worker process)."""
+
+    def __init__(
+        self, ledger: SqlLedger, gpu: Mapping[str, Decimal], *, interval_s: float = 300.0
+    ) -> None:
+        self._ledger = ledger
+        self._gpu = dict(gpu)
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_prices(cls, ledger: SqlLedger, prices: PriceBook, **kwargs: Any) -> RollupJob:
+        """A job that trues up every GPU-priced pool of ``prices``."""
+        costs = {m: prices.gpu_cost(m) for m in prices.gpu_models}
+        return cls(ledger, {m: c.hourly_usd for m, c in costs.items() if c is not None}, **kwargs)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="tiergate-ledger-rollups")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run_once(self, now: datetime | None = None) -> Sequence[RollupResult]:
+        now = now or datetime.now(UTC)
+        today = now.date()
+        return [
+            await rollup_day(self._ledger, day, gpu=self._gpu, now=now)
+            for day in (today - timedelta(days=1), today)
+        ]
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except (SQLAlchemyError, OSError) as exc:
+                log.warning("ledger rollup failed: %s", type(exc).__name__)
+            await asyncio.sleep(self._interval_s)

@@ -1,0 +1,167 @@
+"""Daily rollups, the GPU true-up and ``verify_ledger`` on real SQLite and PostgreSQL (+ Redis)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+import redis.asyncio as aioredis
+from sqlalchemy import select, update
+
+from gateway.accounting import SqlLedger, cost_report
+from gateway.accounting.events import encode_entry
+from gateway.accounting.rollups import allocate, paid_hours, rollup_day
+from gateway.accounting.schema import gpu_trueup, ledger_daily
+from gateway.accounting.verify import verify_ledger
+from tests.gateway.accounting.factories import T0, make_entry
+
+DAY = T0.date()
+NOW = datetime(2025, 3, 5, tzinfo=UTC)
+SMALL = "llama-3.1-8b-instruct"
+
+ROWS = [
+    make_entry("r1", tags=("chat", "eu")),
+    make_entry("r2", tags=("chat",), cost_micro_usd=None, price_known=False),
+    make_entry("r3", tenant="globex", principal="tenant:globex", prompt_tokens=300),
+    make_entry("r4", created_at=T0 + timedelta(days=1)),
+    make_entry(
+        "r5",
+        tenant="globex",
+        principal="tenant:globex",
+        deployment=None,
+        tier=None,
+        outcome="model_not_found",
+        status_code=404,
+        prompt_tokens=0,
+        completion_tokens=0,
+        cost_micro_usd=0,
+        baseline_micro_usd=0,
+    ),
+]
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("total", "weights", "expected"),
+    [
+        (100, {"a": 1, "b": 1, "c": 1}, {"a": 34, "b": 33, "c": 33}),
+        (10, {"a": 2, "b": 1}, {"a": 7, "b": 3}),
+        (0, {"a": 5}, {"a": 0}),
+        (7, {}, {}),
+        (1_000_001, {"x": 3, "y": 0}, {"x": 1_000_001, "y": 0}),
+    ],
+)
+def test_allocate_adds_up_exactly(
+    total: int, weights: dict[str, int], expected: dict[str, int]
+) -> None:
+    assert allocate(total, weights) == expected
+
+
+def test_paid_hours() -> None:
+    assert paid_hours(DAY, NOW) == 24
+    assert (
+        paid_hours(DAY, datetime.combine(DAY, datetime.min.time(), UTC) + timedelta(hours=6)) == 6
+    )
+    assert paid_hours(NOW.date() + timedelta(days=1), NOW) == 0
+
+
+async def test_rollup_matches_the_report_and_is_idempotent(ledger: SqlLedger) -> None:
+    await ledger.record_many(ROWS)
+    first = await rollup_day(ledger, DAY, now=NOW)
+    again = await rollup_day(ledger, DAY, now=NOW)
+    assert first.groups == again.groups > 0
+    async with ledger.engine.connect() as conn:
+        rows = (
+            (await conn.execute(select(ledger_daily).where(ledger_daily.c.day == DAY)))
+            .mappings()
+            .all()
+        )
+    by_key = {(r["tenant"], r["deployment"], r["tag"]): r for r in rows}
+    assert set(by_key) == {
+        ("acme", SMALL, "chat"),
+        ("acme", SMALL, "eu"),
+        ("globex", SMALL, ""),
+        ("globex", "", ""),
+    }
+    chat = by_key[("acme", SMALL, "chat")]
+    assert (chat["requests"], chat["cost_micro_usd"], chat["unknown_price"]) == (2, 30, 1)
+    report = await cost_report(ledger, tenant=None, start=DAY, end=DAY, group_by=("tenant", "tag"))
+    for row in report.rows:
+        key = (row.group[0], SMALL, row.group[1] or "")
+        if key in by_key:
+            assert by_key[key]["cost_micro_usd"] == row.sums.cost_micro_usd
+
+
+async def test_gpu_trueup_allocates_the_whole_day_by_token_share(ledger: SqlLedger) -> None:
+    await ledger.record_many(ROWS)
+    # $1.50/h for 24 h = $36 = 36_000_000 micro; acme 240 tokens (r1+r2), globex 320 (r3).
+    await rollup_day(ledger, DAY, gpu={SMALL: Decimal("1.50")}, now=NOW)
+    async with ledger.engine.connect() as conn:
+        rows = (
+            (await conn.execute(select(gpu_trueup).where(gpu_trueup.c.day == DAY))).mappings().all()
+        )
+    got = {
+        r["tenant"]: (r["tokens"], r["allocated_micro_usd"], r["booked_micro_usd"]) for r in rows
+    }
+    assert got == {
+        "acme": (240, 36_000_000 * 240 // 560, 30),
+        "globex": (320, 36_000_000 * 320 // 560 + 1, 30),  # the larger remainder
+    }
+    assert sum(v[1] for v in got.values()) == 36_000_000
+    # An idle day keeps the whole cost unallocated.
+    idle = DAY + timedelta(days=2)
+    await rollup_day(ledger, idle, gpu={SMALL: Decimal("1.50")}, now=NOW)
+    async with ledger.engine.connect() as conn:
+        rows = (
+            (await conn.execute(select(gpu_trueup).where(gpu_trueup.c.day == idle)))
+            .mappings()
+            .all()
+        )
+    assert [(r["tenant"], r["allocated_micro_usd"]) for r in rows] == [("", 36_000_000)]
+
+
+async def test_verify_is_clean_then_finds_each_difference(
+    ledger: SqlLedger, redis: aioredis.Redis, key_prefix: str
+) -> None:
+    stream = f"{key_prefix}:ledger"
+    await ledger.record_many(ROWS)
+    for day in (DAY, DAY + timedelta(days=1)):
+        await rollup_day(ledger, day, gpu={SMALL: Decimal("1")}, now=NOW)
+    await redis.xadd(stream, {"e": encode_entry(ROWS[0])})  # booked, awaiting ack
+    await redis.xadd(stream, {"e": encode_entry(make_entry("in-flight"))})
+    report = await verify_ledger(ledger, redis=redis, stream=stream, today=NOW.date())
+    assert report.ok, report.differences
+    assert (report.rows, report.days, report.stream_booked, report.stream_in_flight) == (5, 2, 1, 1)
+
+    # A row that arrives after its day was rolled up; a tampered rollup; a tampered true-up;
+    # an event that disagrees with its row; a garbled event; a $0 row with tokens.
+    await ledger.record(make_entry("late", tenant="initech", principal="tenant:initech"))
+    async with ledger.engine.begin() as conn:
+        await conn.execute(
+            update(ledger_daily)
+            .where(ledger_daily.c.day == DAY + timedelta(days=1))
+            .values(cost_micro_usd=1)
+        )
+        await conn.execute(
+            update(gpu_trueup).values(allocated_micro_usd=gpu_trueup.c.allocated_micro_usd + 1)
+        )
+    await redis.xadd(
+        stream, {"e": encode_entry(make_entry("r3", tenant="globex", cost_micro_usd=99))}
+    )
+    await redis.xadd(stream, {"e": b"not json"})
+    await ledger.record(make_entry("zero", created_at=T0 + timedelta(days=3), cost_micro_usd=0))
+    report = await verify_ledger(ledger, redis=redis, stream=stream, today=NOW.date())
+    checks = sorted(d.check for d in report.differences)
+    assert checks.count("rollups") == 3  # late row on DAY, tampered DAY+1, unrolled DAY+3
+    assert checks.count("true-up") == 2
+    assert checks.count("stream") == 2
+    assert checks.count("rows") == 1
+    assert any("zero: tokens booked at $0" in d.detail for d in report.differences)
