@@ -1,0 +1,185 @@
+"""After a burst of traffic, every ``tiergate_`` metric that deploy/monitoring's alerts and
+dashboard read is on a running gateway's ``/metrics``, and every ``vllm:`` metric on a
+simulator's; the access log is JSON with the request id and no prompt text.
+
+The stack is this module's own (three simulators, ``tiergate serve``, the real Redis, SQLite):
+the 70B deployment has no price, so unpriced traffic is real, and the 8B simulator fails for a
+while, so fallbacks and the breaker are real too.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import openai
+import pytest
+import redis
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.deploy.promql import used_metrics
+from tests.support import (
+    TEST_KEYS,
+    Proc,
+    free_port,
+    gateway_config,
+    start_gateway,
+    start_sim,
+    wait_ready,
+)
+
+# Its own stack of four processes takes 30-60 s to start on a loaded machine: CI's slow suite.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+PROFILES = ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq", "gpt-4o-mini")
+SECRET_PROMPT = "zebra-kumquat-7731 what is two plus two"
+
+
+@dataclass
+class MetricsStack:
+    base_url: str
+    admin_url: str
+    sim_urls: dict[str, str]
+    gateway: Proc
+
+
+@pytest.fixture(scope="module")
+def metrics_stack(
+    tmp_path_factory: pytest.TempPathFactory, redis_url: str
+) -> Iterator[MetricsStack]:
+    workdir = tmp_path_factory.mktemp("metrics")
+    ports = {profile: free_port() for profile in PROFILES}
+    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
+    procs: list[Proc] = []
+    try:
+        for profile, port in ports.items():
+            procs.append(start_sim(profile, port, workdir)[0])
+        port, admin_port = free_port(), free_port()
+        config_path = gateway_config(
+            workdir=workdir,
+            redis_url=redis_url,
+            prefix=prefix,
+            database_url=f"sqlite+aiosqlite:///{workdir / 'ledger.db'}",
+            sim_ports=ports,
+            port=port,
+            admin_port=admin_port,
+        )
+        config = yaml.safe_load(config_path.read_text())
+        for dep in config["deployments"]:
+            if dep["model"] == "llama-3.1-70b-instruct-awq":
+                dep.pop("price", None)  # unpriced: booked as unknown, never as zero
+        config_path.write_text(yaml.safe_dump(config))
+        gateway = start_gateway(config_path, workdir)
+        procs.append(gateway)
+        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
+        yield MetricsStack(
+            base_url=f"http://127.0.0.1:{port}",
+            admin_url=f"http://127.0.0.1:{admin_port}",
+            sim_urls={p: f"http://127.0.0.1:{n}" for p, n in ports.items()},
+            gateway=gateway,
+        )
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+def _post(url: str, body: object | None, method: str = "POST") -> None:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        response.read()
+
+
+def _samples(url: str) -> set[str]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _burst(stack: MetricsStack) -> list[str]:
+    client = openai.OpenAI(
+        base_url=f"{stack.base_url}/v1", api_key=TEST_KEYS["TIERGATE_KEY_ACME"], max_retries=0
+    )
+    ids = []
+    messages = [{"role": "user", "content": SECRET_PROMPT}]
+    for model in ("auto", "small", "large", "external", "llama-3.1-70b-instruct-awq"):
+        raw = client.chat.completions.with_raw_response.create(model=model, messages=messages)
+        ids.append(raw.headers["x-request-id"])
+        with client.chat.completions.create(
+            model=model, messages=messages, stream=True, stream_options={"include_usage": True}
+        ) as stream:
+            for _chunk in stream:
+                pass
+    # the 8B simulator fails for a while: small requests fall back, its breaker opens
+    sim_8b = stack.sim_urls["llama-3.1-8b-instruct"]
+    _post(f"{sim_8b}/admin/faults", {"error_status": 503})
+    try:
+        for _ in range(6):
+            client.chat.completions.create(model="small", messages=messages)
+    finally:
+        _post(f"{sim_8b}/admin/faults", None, method="DELETE")
+    return ids
+
+
+@pytest.fixture(scope="module")
+def burst(metrics_stack: MetricsStack) -> list[str]:
+    return _burst(metrics_stack)
+
+
+def test_every_tiergate_metric_of_alerts_and_dashboard_is_exported(
+    metrics_stack: MetricsStack, burst: list[str]
+) -> None:
+    wanted = {n for n in used_metrics() if n.startswith("tiergate_")}
+    assert len(wanted) >= 12
+    exported = _samples(metrics_stack.admin_url)
+    assert sorted(wanted - exported) == []
+
+
+def test_every_vllm_metric_of_alerts_and_dashboard_is_on_a_simulator(
+    metrics_stack: MetricsStack, burst: list[str]
+) -> None:
+    wanted = {n for n in used_metrics() if n.startswith("vllm:")}
+    assert wanted
+    for profile in ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq"):
+        exported = _samples(metrics_stack.sim_urls[profile])
+        assert sorted(wanted - exported) == [], profile
+
+
+def test_the_burst_moved_the_counters_the_alerts_watch(
+    metrics_stack: MetricsStack, burst: list[str]
+) -> None:
+    with urllib.request.urlopen(f"{metrics_stack.admin_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            values[s.name] = values.get(s.name, 0.0) + s.value
+    assert values["tiergate_unknown_price_requests_total"] >= 2  # the unpriced 70B answered
+    assert values["tiergate_fallbacks_total"] >= 1  # small fell back past the failing 8B
+    assert values["tiergate_cost_usd_total"] > 0
+    assert values["tiergate_time_to_first_token_seconds_count"] >= 5
+
+
+def test_access_log_is_json_with_request_ids_and_no_prompt_text(
+    metrics_stack: MetricsStack, burst: list[str]
+) -> None:
+    lines = [
+        json.loads(line)
+        for line in metrics_stack.gateway.output().splitlines()
+        if line.startswith("{")
+    ]
+    access = [line for line in lines if line["logger"] == "tiergate.access"]
+    logged = {line["request_id"] for line in access}
+    assert set(burst) <= logged
+    assert all({"tenant", "tier", "deployment", "outcome", "latency_ms"} <= set(a) for a in access)
+    assert SECRET_PROMPT not in metrics_stack.gateway.output()
