@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from types import MappingProxyType
+from typing import Any
 
 from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
 from router.classifier import Classifier
@@ -45,7 +46,7 @@ from router.features import PromptFeatures
 from router.plan import RoutePlan
 from router.rules.compiled import CompiledRule, RuleSet
 from router.rules.context import RequestContext
-from router.rules.evaluate import Facts, first_match
+from router.rules.evaluate import Facts, Match, first_match
 from router.rules.schema import Action
 
 __all__ = ["AUTO", "FALLBACK_ORDER", "decide"]
@@ -62,6 +63,7 @@ FALLBACK_ORDER = MappingProxyType(
 _NO_RULES = RuleSet()
 _NO_CONTEXT = RequestContext()
 _NO_ACTION = Action()
+_NO_MATCH = Match(None, ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,26 +132,31 @@ def decide(
             )
     wants_score = classifier is not None and (requested_model == AUTO or rules.uses_score)
     score = _score(features, classifier) if wants_score else _Score(None)
-    facts = Facts(policy.tenant, requested_model, features, context, score.value, signals, catalog)
-    match = first_match(rules, facts)
+    match = _NO_MATCH
+    if rules.rules:
+        lowered = features.last_user_text.lower() if rules.uses_lowered_text else ""
+        facts = Facts(
+            policy.tenant, requested_model, features, context, score.value, signals, catalog,
+            lowered,
+        )  # fmt: skip
+        match = first_match(rules, facts)
     eff = _effective(policy, match.rule, max_tokens, classifier)
     needed = features.estimated_prompt_tokens + max(0, eff.max_tokens)
     action = eff.action
+    extras: dict[str, Any] = {"requested_model": requested_model}
+    if match.rule is not None or match.skipped:
+        extras.update(
+            skipped_rules=match.skipped,
+            max_tokens=action.max_tokens,
+            priority=action.priority,
+            continuation=action.continuation,
+            max_cost_usd=None if action.max_cost_usd is None else str(action.max_cost_usd),
+        )
     if action.tier is None and action.deployment is None and pinned is not None:
-        plan = _model_plan(pinned, needed, eff, signals)
-    else:
-        choice = _choose(tier, requested_model, eff, score, rules, context, signals, catalog)
-        plan = _tier_plan(choice, needed=needed, eff=eff, catalog=catalog, signals=signals,
-                          prompt_tokens=features.estimated_prompt_tokens)  # fmt: skip
-    return replace(
-        plan,
-        requested_model=requested_model,
-        skipped_rules=match.skipped,
-        max_tokens=action.max_tokens,
-        priority=action.priority,
-        continuation=action.continuation,
-        max_cost_usd=None if action.max_cost_usd is None else str(action.max_cost_usd),
-    )
+        return _model_plan(pinned, needed, eff, signals, extras)
+    choice = _choose(tier, eff, score, rules, context, signals, catalog)
+    return _tier_plan(choice, needed=needed, eff=eff, catalog=catalog, signals=signals,
+                      prompt_tokens=features.estimated_prompt_tokens, extras=extras)  # fmt: skip
 
 
 def _tier_named(name: str) -> Tier | None:
@@ -162,7 +169,9 @@ def _tier_named(name: str) -> Tier | None:
 def _effective(
     policy: TenantPolicy, rule: CompiledRule | None, max_tokens: int, classifier: Classifier | None
 ) -> _Effective:
-    action = _NO_ACTION if rule is None else rule.then
+    if rule is None:
+        return _Effective(policy, _NO_ACTION, None, max_tokens, False)
+    action = rule.then
     forbidden = set(action.forbid_tiers)
     if action.forbid_external:
         forbidden.add(Tier.EXTERNAL)
@@ -215,7 +224,6 @@ def _auto_choice(score: _Score, policy: TenantPolicy, has_classifier: bool) -> _
 
 def _choose(
     tier: Tier | None,
-    requested_model: str,
     eff: _Effective,
     score: _Score,
     rules: RuleSet,
@@ -285,6 +293,7 @@ def _tier_plan(
     catalog: Catalog,
     signals: Signals,
     prompt_tokens: int,
+    extras: dict[str, Any],
 ) -> RoutePlan:
     tier = choice.tier
     chain = _chain(tier, eff)
@@ -316,6 +325,7 @@ def _tier_plan(
         rule=choice.rule,
         reason="; ".join(notes),
         score=choice.score,
+        **extras,
     )
 
 
@@ -339,7 +349,9 @@ def _costs_at_most(spec: DeploymentSpec, cap: Decimal, prompt: int, max_tokens: 
     return worst is not None and worst <= cap
 
 
-def _model_plan(spec: DeploymentSpec, needed: int, eff: _Effective, signals: Signals) -> RoutePlan:
+def _model_plan(
+    spec: DeploymentSpec, needed: int, eff: _Effective, signals: Signals, extras: dict[str, Any]
+) -> RoutePlan:
     policy = eff.policy
     if spec.tier not in policy.allowed_tiers or (eff.no_external and spec.external):
         raise eff.refuse(f"{spec.model!r} (tier {spec.tier.value})")
@@ -360,6 +372,7 @@ def _model_plan(spec: DeploymentSpec, needed: int, eff: _Effective, signals: Sig
         deployments=(spec.model,),
         rule=eff.label or "pin:model",
         reason=reason,
+        **extras,
     )
 
 

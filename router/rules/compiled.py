@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import tzinfo
 from zoneinfo import ZoneInfo
 
@@ -30,7 +30,12 @@ class CompiledRule:
     when: Condition
     then: Action
     text: re.Pattern[str] | None = None
-    """``last_message`` as one pattern (regex and keywords), compiled once."""
+    """``last_message.regex``, compiled once."""
+    keywords: tuple[str, ...] = ()
+    """``last_message.keywords`` (lower-cased unless case-sensitive): a substring test first,
+    which is ~10x cheaper than a regex scan; ``keyword_text`` then checks word boundaries."""
+    keyword_text: re.Pattern[str] | None = None
+    case_sensitive: bool = False
     zone: tzinfo | None = None
     line: int | None = None
     scope: str = "tenant"
@@ -41,18 +46,20 @@ class CompiledRule:
         return self.when.score is not None
 
 
-def _text_pattern(rule: RuleModel) -> re.Pattern[str] | None:
+def _text_parts(
+    rule: RuleModel,
+) -> tuple[re.Pattern[str] | None, tuple[str, ...], re.Pattern[str] | None, bool]:
     match = rule.when.last_message
     if match is None:
-        return None
-    parts: list[str] = []
-    if match.regex is not None:
-        parts.append(f"(?:{match.regex})")
-    if match.keywords:
-        words = "|".join(re.escape(k) for k in match.keywords)
-        parts.append(rf"(?<!\w)(?:{words})(?!\w)")
+        return None, (), None, False
     flags = 0 if match.case_sensitive else re.IGNORECASE
-    return re.compile("|".join(parts), flags)
+    regex = None if match.regex is None else re.compile(match.regex, flags)
+    if not match.keywords:
+        return regex, (), None, match.case_sensitive
+    words = "|".join(re.escape(k) for k in match.keywords)
+    bounded = re.compile(rf"(?<!\w)(?:{words})(?!\w)", flags)
+    keys = match.keywords if match.case_sensitive else tuple(k.lower() for k in match.keywords)
+    return regex, keys, bounded, match.case_sensitive
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,10 @@ class RuleSet:
     @property
     def uses_score(self) -> bool:
         return any(rule.uses_score for rule in self.rules)
+
+    @property
+    def uses_lowered_text(self) -> bool:
+        return any(rule.keywords and not rule.case_sensitive for rule in self.rules)
 
     @property
     def wait_target_s(self) -> float:
@@ -90,28 +101,30 @@ class RuleSet:
         )
 
     def scoped(self, scope: str) -> RuleSet:
-        rules = tuple(
-            CompiledRule(r.id, r.description, r.when, r.then, r.text, r.zone, r.line, scope)
-            for r in self.rules
-        )
+        rules = tuple(replace(r, scope=scope) for r in self.rules)
         return RuleSet(rules, self.large_wait_target_s, self.spill_to, self.lines)
 
 
 def compile_rules(model: RuleFileModel, *, lines: Mapping[str, int | None]) -> RuleSet:
-    rules = tuple(
-        CompiledRule(
-            id=rule.id,
-            description=rule.description,
-            when=rule.when,
-            then=rule.then,
-            text=_text_pattern(rule),
-            zone=ZoneInfo(rule.when.time.tz) if rule.when.time is not None else None,
-            line=lines.get(rule.id),
+    rules = []
+    for rule in model.rules:
+        regex, keywords, keyword_text, case_sensitive = _text_parts(rule)
+        rules.append(
+            CompiledRule(
+                id=rule.id,
+                description=rule.description,
+                when=rule.when,
+                then=rule.then,
+                text=regex,
+                keywords=keywords,
+                keyword_text=keyword_text,
+                case_sensitive=case_sensitive,
+                zone=ZoneInfo(rule.when.time.tz) if rule.when.time is not None else None,
+                line=lines.get(rule.id),
+            )
         )
-        for rule in model.rules
-    )
     return RuleSet(
-        rules=rules,
+        rules=tuple(rules),
         large_wait_target_s=model.defaults.large_wait_target_s,
         spill_to=model.defaults.spill_to,
         lines=dict(lines),

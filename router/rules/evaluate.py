@@ -30,6 +30,8 @@ class Facts:
     score: float | None
     signals: Signals
     catalog: Catalog
+    lowered: str = ""
+    """The last user message lower-cased, when some rule has case-insensitive keywords."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,18 @@ def _metadata(rule: CompiledRule, facts: Facts) -> str | None:
     return None
 
 
+def _text_matches(rule: CompiledRule, facts: Facts) -> bool:
+    text = facts.features.last_user_text
+    if rule.text is not None and rule.text.search(text) is not None:
+        return True
+    if not rule.keywords or rule.keyword_text is None:
+        return False
+    haystack = text if rule.case_sensitive else facts.lowered
+    if not any(k in haystack for k in rule.keywords):
+        return False
+    return rule.keyword_text.search(text) is not None
+
+
 def _prompt(rule: CompiledRule, facts: Facts) -> str | None:
     when, features = rule.when, facts.features
     checks: tuple[tuple[str, Range | None, float], ...] = (
@@ -116,7 +130,7 @@ def _prompt(rule: CompiledRule, facts: Facts) -> str | None:
     for name, bounds, value in checks:
         if bounds is not None and (why := _outside(value, bounds)):
             return f"{name}: {why}"
-    if rule.text is not None and rule.text.search(features.last_user_text) is None:
+    if (rule.text is not None or rule.keywords) and not _text_matches(rule, facts):
         return "last_message: no match"
     if when.score is not None:
         if facts.score is None:
