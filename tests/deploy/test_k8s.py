@@ -185,3 +185,19 @@ def test_secrets_are_only_referenced() -> None:
 def test_manifest_files_parse(tmp_path: Path) -> None:
     for path in K8S.rglob("*.yaml"):
         list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_gateway_capacity_is_per_pod_seqs_times_max_pods(tree: str) -> None:
+    docs = _docs(tree)
+    config = yaml.safe_load(_by(docs, "ConfigMap", "tiergate-config")["data"]["config.yaml"])
+    capacity = {
+        r["url"].split("//")[1].split(":")[0]: r["max_num_seqs"]
+        for d in config["deployments"]
+        for r in d.get("replicas", [])
+    }
+    for name, seqs_total in capacity.items():
+        args = _pool(docs, name)["containers"][0]["args"]
+        per_pod = next(int(a.split("=")[1]) for a in args if a.startswith("--max-num-seqs="))
+        pods = _by(docs, "ScaledObject", name)["spec"]["maxReplicaCount"]
+        assert seqs_total == per_pod * pods, name
