@@ -11,6 +11,7 @@ from collections.abc import Generator, Sequence
 import uvicorn
 from fastapi import FastAPI
 
+from gateway.api.http_limits import limited_httptools
 from gateway.app import create_admin_app, create_app
 from gateway.services import open_services
 from gateway.settings import Settings
@@ -49,13 +50,16 @@ async def _run_servers(servers: Sequence[uvicorn.Server]) -> None:
             loop.remove_signal_handler(sig)
 
 
-def _uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:
+def _uvicorn_config(
+    app: FastAPI, host: str, port: int, *, max_header_bytes: int = 16 * 1024
+) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=limited_httptools(max_header_bytes),
+        h11_max_incomplete_event_size=max_header_bytes,
         lifespan="on",
         access_log=False,
         log_level="warning",
@@ -67,12 +71,18 @@ async def serve(settings: Settings, *, dev: bool, workers: bool) -> None:
     async with open_services(settings, dev=dev, workers=workers) as services:
         public = _Server(
             _uvicorn_config(
-                create_app(services=services), settings.server.host, settings.server.port
+                create_app(services=services),
+                settings.server.host,
+                settings.server.port,
+                max_header_bytes=settings.limits.max_header_bytes,
             )
         )
         admin = _Server(
             _uvicorn_config(
-                create_admin_app(services), settings.server.admin_host, settings.server.admin_port
+                create_admin_app(services),
+                settings.server.admin_host,
+                settings.server.admin_port,
+                max_header_bytes=settings.limits.max_header_bytes,
             )
         )
         log.warning(
@@ -90,7 +100,10 @@ async def serve_worker(settings: Settings, *, dev: bool) -> None:
     async with open_services(settings, dev=dev, workers=True) as services:
         admin = _Server(
             _uvicorn_config(
-                create_admin_app(services), settings.server.admin_host, settings.server.admin_port
+                create_admin_app(services),
+                settings.server.admin_host,
+                settings.server.admin_port,
+                max_header_bytes=settings.limits.max_header_bytes,
             )
         )
         await _run_servers([admin])

@@ -163,6 +163,15 @@ class LimitsSettings(_Strict):
     default_max_tokens: int = Field(default=512, ge=1)
     """Output budget assumed for context-fit checks and reservations when the client sets
     none."""
+    max_content_parts: int = Field(default=256, ge=1)
+    """Content parts (``[{"type": "text", …}, …]``) across all messages of one request."""
+    max_prompt_chars: int = Field(default=1_000_000, ge=1)
+    """Characters of message text (content, parts, names) across one request."""
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    """Request line plus headers; more is refused with 431 before the app sees the request."""
+    sse_idle_s: float = Field(default=60.0, gt=0)
+    """Longest silence between two chunks of a stream the edge relays; then it ends the stream
+    with an error event."""
 
 
 class RetrySettings(_Strict):

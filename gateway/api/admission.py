@@ -53,6 +53,27 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return f"{location or 'body'}: {first.get('msg', 'invalid value')}", location or None
 
 
+def _check_content(request: ChatCompletionRequest, limits: LimitsSettings) -> None:
+    """Content parts and characters of text, across every message."""
+    parts = chars = 0
+    for message in request.messages:
+        chars += len(message.name or "")
+        if isinstance(message.content, str):
+            chars += len(message.content)
+        elif message.content is not None:
+            parts += len(message.content)
+            chars += sum(len(part.text or "") for part in message.content)
+    if parts > limits.max_content_parts:
+        raise InvalidRequest(
+            f"too many content parts: {parts} > {limits.max_content_parts}", param="messages"
+        )
+    if chars > limits.max_prompt_chars:
+        raise InvalidRequest(
+            f"the messages hold {chars} characters; the limit is {limits.max_prompt_chars}",
+            param="messages",
+        )
+
+
 def admit(raw: bytes, headers: dict[str, str], limits: LimitsSettings) -> Admitted:
     try:
         data = orjson.loads(raw)
@@ -74,6 +95,7 @@ def admit(raw: bytes, headers: dict[str, str], limits: LimitsSettings) -> Admitt
             f"too many messages: {len(request.messages)} > {limits.max_messages}",
             param="messages",
         )
+    _check_content(request, limits)
     output_limit = request.output_limit
     if output_limit is not None and output_limit > limits.max_output_tokens:
         raise InvalidRequest(

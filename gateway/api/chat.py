@@ -14,6 +14,7 @@ from gateway.api.booking import book_refusal
 from gateway.api.deps import ServicesDep
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
 from gateway.api.routing import plan_request
+from gateway.api.stream_idle import idle_limited
 from gateway.auth.access import AUTHENTICATED, access
 from gateway.auth.directory import tenant_priority
 from gateway.auth.principals import Principal
@@ -99,7 +100,8 @@ async def chat_completions(
             prompt=admitted.body.get("messages") if services.settings.logging.log_prompts else None,
         )
         if stream:
-            return await sse_response(ctx, first, replies)
+            idle_s = services.settings.limits.sse_idle_s
+            return await sse_response(ctx, first, idle_limited(replies, idle_s))
         return json_response(ctx, first)
     except RelayedError as relayed:
         raise relayed.error from None

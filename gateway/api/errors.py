@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+from http import HTTPStatus
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -12,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 
-__all__ = ["error_response", "install_error_handlers"]
+__all__ = ["error_response", "install_error_handlers", "raw_error_response"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,19 @@ def error_response(request: Request, error: GatewayError) -> JSONResponse:
     if error.status == 401:
         headers["www-authenticate"] = "Bearer"
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def raw_error_response(error: GatewayError) -> bytes:
+    """A whole HTTP/1.1 response (closing the connection), for refusals made in the protocol
+    layer before there is a request to answer (``gateway.api.http_limits``)."""
+    body = orjson.dumps(error.body())
+    head = (
+        f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
 
 
 async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
