@@ -13,6 +13,7 @@ into responses.
     ├── PayloadTooLarge         413 request_too_large
     ├── HeadersTooLarge         431 request_headers_too_large
     ├── RateLimited             429 rate_limit_exceeded / queue_full (with Retry-After)
+    │   └── BudgetExceeded      429 budget_exceeded: a hard budget cannot cover the request
     ├── UpstreamFailed          502 upstream_error: every deployment of the plan failed
     ├── ServiceUnavailable      503 service_unavailable: Redis or the database cannot be used
     └── DeadlineExceeded        504 timeout: the request could not finish before its deadline
@@ -24,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "AuthenticationFailed",
+    "BudgetExceeded",
     "Conflict",
     "ContextTooLong",
     "DeadlineExceeded",
@@ -130,6 +132,10 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(RateLimited):
+    code = "budget_exceeded"
 
 
 class UpstreamFailed(GatewayError):

@@ -141,6 +141,24 @@ class Metrics:
         self.ledger_failures = Counter(
             "tiergate_ledger_write_failures", "Ledger entries that could not be written", registry=r
         )
+        self.budget_spent_ratio = Gauge(
+            "tiergate_budget_spent_ratio",
+            "Share of a budget spent in its current window (docs/costs.md)",
+            ["tenant", "budget"],
+            registry=r,
+        )
+        self.budget_alert = Gauge(
+            "tiergate_budget_alert",
+            "1 once a budget's spend reached the threshold (a fraction of its limit)",
+            ["tenant", "budget", "threshold"],
+            registry=r,
+        )
+        self.budget_refusals = Counter(
+            "tiergate_budget_refusals",
+            "Requests refused with 429 budget_exceeded, by tenant and budget",
+            ["tenant", "budget"],
+            registry=r,
+        )
 
     # -- helpers for callers outside the edge ------------------------------------------------
 

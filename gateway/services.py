@@ -17,6 +17,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from backends.protocol import Backend
+from gateway.accounting.budgets import BudgetBook
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.rollups import RollupJob
@@ -86,6 +87,8 @@ class Services:
     ``Signals.unavailable``."""
     rules: RulesRuntime | None = None
     """Routing rules (SQL versions, hot reload) and sticky conversations (docs/rules.md)."""
+    budgets: BudgetBook | None = None
+    """Tenant budgets: reservations before a request runs, settled by the ledger writer."""
 
 
 def build_catalog(settings: Settings, prices: PriceBook | None = None) -> Catalog:
@@ -188,17 +191,21 @@ async def open_services(
         auth_store = await SqlAuthStore.connect(settings.database.url)
         stack.push_async_callback(auth_store.aclose)
         prices = PriceBook.from_settings(settings.deployments)
+        metrics = Metrics()
+        budgets = BudgetBook(
+            redis, redis_keys.prefix, settings.tenants, prices=prices, metrics=metrics
+        )
         writer = LedgerWriter(
             redis,
             redis_keys.ledger_events,
             ledger,
             meter=ThroughputMeter(redis, redis_keys.prefix),
             prices=prices,
+            budgets=budgets,
         )
         catalog = build_catalog(settings, prices)
         rules = await open_rules(settings, redis, catalog, stack)
         classifier = load_classifier(settings.router.model_path)
-        metrics = Metrics()
         metrics.declare_deployments(d.model for d in settings.deployments)
         directory = TenantDirectory(
             build_policies(settings, classifier.threshold or _FALLBACK_THRESHOLD),
@@ -320,4 +327,5 @@ async def open_services(
             breaker=breaker,
             breaker_watch=breaker_watch,
             rules=rules,
+            budgets=budgets,
         )

@@ -25,6 +25,7 @@ from router.catalog import Tier
 
 __all__ = [
     "BreakerSettings",
+    "BudgetSettings",
     "DatabaseSettings",
     "DeploymentSettings",
     "FallbackSettings",
@@ -123,6 +124,22 @@ class PrincipalSettings(_Strict):
     dev_key: str | None = None
 
 
+class BudgetSettings(_Strict):
+    """A spending limit of one tenant, or of one of its apps or tags (docs/costs.md)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    limit_usd: Decimal = Field(gt=0)
+    window: str = Field(default="month", pattern=r"^(month|[1-9][0-9]*d)$")
+    """``month`` (UTC calendar month) or ``<N>d`` (N-day windows counted from 1970-01-01)."""
+    mode: Literal["hard", "soft"] = "hard"
+    """``hard`` refuses requests that could overshoot (429 ``budget_exceeded``); ``soft`` only
+    alerts."""
+    app: str | None = None
+    tag: str | None = None
+    alert_at: tuple[float, ...] = (0.5, 0.8, 1.0)
+    """Fractions of the limit at which ``tiergate_budget_alert`` turns on."""
+
+
 class TenantSettings(_Strict):
     key_env: str
     dev_key: str | None = None
@@ -135,6 +152,7 @@ class TenantSettings(_Strict):
     baseline_model: str | None = None
     """Deployment whose prices define the ledger's baseline cost; default: the first large
     deployment."""
+    budgets: tuple[BudgetSettings, ...] = ()
     priority: Literal["interactive", "standard", "batch"] = "standard"
     weight: float = Field(default=1.0, gt=0)
     """Fair share within a priority lane, relative to the other tenants there."""

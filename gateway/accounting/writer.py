@@ -2,8 +2,9 @@
 into SQL when Redis cannot take them. The ledger is idempotent by request id, so an entry that
 travels both ways is still booked once.
 
-Writing an entry is also the moment a request is complete, so the writer feeds the GPU-priced
-pools' throughput meter (and refreshes their prices, at most once per ``refresh_s``)."""
+Writing an entry is also the moment a request is complete, so the writer settles its budget
+reservation (idempotent by request id) and feeds the GPU-priced pools' throughput meter (and
+refreshes their prices, at most once per ``refresh_s``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.accounting.budgets import BudgetBook
 from gateway.accounting.events import encode_entry
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import Ledger, LedgerEntry
@@ -35,6 +37,7 @@ class LedgerWriter:
         *,
         meter: ThroughputMeter | None = None,
         prices: PriceBook | None = None,
+        budgets: BudgetBook | None = None,
         refresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -43,6 +46,7 @@ class LedgerWriter:
         self._ledger = ledger
         self._meter = meter
         self._prices = prices
+        self._budgets = budgets
         self._refresh_s = refresh_s
         self._clock = clock
         self._refreshed_at: float | None = None
@@ -53,6 +57,7 @@ class LedgerWriter:
         except (RedisError, OSError) as exc:
             log.warning("ledger stream unavailable (%s); writing to SQL", type(exc).__name__)
         else:
+            await self._settle_budgets(entry)
             await self._meter_gpu_tokens(entry)
             return
         try:
@@ -60,6 +65,15 @@ class LedgerWriter:
         except (SQLAlchemyError, OSError):
             log.exception("ledger entry %s could not be written anywhere", entry.request_id)
             raise
+
+    async def _settle_budgets(self, entry: LedgerEntry) -> None:
+        if self._budgets is None:
+            return
+        try:
+            await self._budgets.settle(entry)
+        except (RedisError, OSError) as exc:
+            # The reservation expires on its own; the ledger row is what finance reads.
+            log.warning("budget of %s not settled (%s)", entry.request_id, type(exc).__name__)
 
     async def _meter_gpu_tokens(self, entry: LedgerEntry) -> None:
         if self._meter is None or self._prices is None or not self._prices.gpu_models:

@@ -87,6 +87,10 @@ async def chat_completions(
             tags=admitted.meta.tags,
             priority=plan.priority or admitted.meta.priority or policy_priority,
         )
+        if services.budgets is not None:  # worst case reserved; settled when booked
+            await services.budgets.reserve_job(
+                job, admitted.features.estimated_prompt_tokens, admitted.max_tokens
+            )
         replies = await services.dispatcher.submit(job)
         first = await anext(replies)
         ctx = RelayContext(

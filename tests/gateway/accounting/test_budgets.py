@@ -1,0 +1,156 @@
+"""Budgets on a real Redis: windows, worst case, the race for the last dollar, settlement."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import yaml
+from prometheus_client import generate_latest
+
+from gateway.accounting import PriceBook
+from gateway.accounting.budgets import BudgetBook, window_bounds, worst_case_micro
+from gateway.errors import BudgetExceeded
+from gateway.metrics import Metrics
+from gateway.settings import TenantSettings, load_settings
+from tests.gateway.accounting.apps import EXAMPLE, app_settings, auth, running_app
+from tests.gateway.accounting.factories import make_entry
+
+AT = datetime(2025, 3, 14, 9, 30, tzinfo=UTC)
+
+
+def tenants(*budgets: dict[str, Any]) -> dict[str, TenantSettings]:
+    return {"acme": TenantSettings(key_env="X", budgets=budgets)}  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def book(redis: aioredis.Redis, prefix: str, *budgets: dict[str, Any], **kw: Any) -> BudgetBook:
+    prices = PriceBook.from_settings(load_settings(EXAMPLE).deployments, cost_map={})
+    return BudgetBook(redis, prefix, tenants(*budgets), prices=prices, **kw)
+
+
+def test_windows() -> None:
+    assert window_bounds("month", AT) == (
+        datetime(2025, 3, 1, tzinfo=UTC),
+        datetime(2025, 4, 1, tzinfo=UTC),
+    )
+    start, end = window_bounds("7d", AT)
+    assert (end - start).days == 7 and start <= AT < end
+    assert window_bounds("1d", AT)[0] == datetime(2025, 3, 14, tzinfo=UTC)
+
+
+def test_worst_case_is_the_dearest_deployment_of_the_plan() -> None:
+    prices = PriceBook.from_settings(load_settings(EXAMPLE).deployments, cost_map={})
+    # 70B: $0.35 / $0.70 per Mtok; prompt 100 -> 141 reserved tokens, 1000 output tokens.
+    got = worst_case_micro(
+        prices, ["llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq"], 100, 1000
+    )
+    assert got == round(141 * 0.35 + 1000 * 0.70)
+    assert worst_case_micro(prices, ["gpt-4o-mini"], 100, 1000) == 0  # unknown price here
+
+
+async def test_fifty_requests_racing_the_last_dollar_never_overshoot(
+    redis: aioredis.Redis, key_prefix: str
+) -> None:
+    budgets = book(redis, key_prefix, {"name": "monthly", "limit_usd": "1.00"})
+    await budgets.settle(make_entry("earlier", created_at=AT, cost_micro_usd=990_000))
+
+    async def attempt(i: int) -> bool:
+        try:
+            await budgets.reserve(
+                tenant="acme", request_id=f"r{i}", app=None, tags=(), amount_micro_usd=4_000, at=AT
+            )
+        except BudgetExceeded as exc:
+            assert exc.status == 429 and exc.code == "budget_exceeded"
+            return False
+        return True
+
+    admitted = await asyncio.gather(*(attempt(i) for i in range(50)))
+    assert sum(admitted) == 2  # 990_000 + 2 x 4_000 <= 1_000_000 < 990_000 + 3 x 4_000
+    (status,) = await budgets.status("acme", AT)
+    assert status.spent_micro_usd + status.reserved_micro_usd <= status.limit_micro_usd
+    for i, ok in enumerate(admitted):
+        if ok:
+            await budgets.settle(make_entry(f"r{i}", created_at=AT, cost_micro_usd=3_000))
+    (status,) = await budgets.status("acme", AT)
+    assert (status.spent_micro_usd, status.reserved_micro_usd) == (996_000, 0)
+
+
+async def test_settle_is_once_per_request_and_unknown_cost_keeps_the_reservation(
+    redis: aioredis.Redis, key_prefix: str
+) -> None:
+    budgets = book(redis, key_prefix, {"name": "m", "limit_usd": "10"})
+    for rid in ("a", "b"):
+        await budgets.reserve(
+            tenant="acme", request_id=rid, app=None, tags=(), amount_micro_usd=5_000, at=AT
+        )
+    entry = make_entry("a", created_at=AT, cost_micro_usd=1_234)
+    await budgets.settle(entry)
+    await budgets.settle(entry)  # a replayed write changes nothing
+    await budgets.settle(make_entry("b", created_at=AT, cost_micro_usd=None, price_known=False))
+    (status,) = await budgets.status("acme", AT)
+    assert (status.spent_micro_usd, status.reserved_micro_usd) == (1_234 + 5_000, 0)
+
+
+async def test_soft_and_scoped_budgets_and_alerts(redis: aioredis.Redis, key_prefix: str) -> None:
+    metrics = Metrics()
+    budgets = book(
+        redis,
+        key_prefix,
+        {"name": "soft", "limit_usd": "0.01", "mode": "soft", "alert_at": [0.5, 1.0]},
+        {"name": "bot", "limit_usd": "0.001", "app": "bot"},
+        {"name": "eu", "limit_usd": "0.001", "tag": "eu"},
+        metrics=metrics,
+    )
+    # Soft never refuses; the app and tag budgets only see their own requests.
+    await budgets.reserve(
+        tenant="acme", request_id="x", app="web", tags=("us",), amount_micro_usd=50_000, at=AT
+    )
+    with pytest.raises(BudgetExceeded, match="'bot'"):
+        await budgets.reserve(
+            tenant="acme", request_id="y", app="bot", tags=(), amount_micro_usd=2_000, at=AT
+        )
+    with pytest.raises(BudgetExceeded, match="'eu'"):
+        await budgets.reserve(
+            tenant="acme", request_id="z", app="web", tags=("eu",), amount_micro_usd=2_000, at=AT
+        )
+    await budgets.settle(make_entry("x", created_at=AT, app="web", cost_micro_usd=6_000))
+    text = generate_latest(metrics.registry).decode()
+    assert 'tiergate_budget_spent_ratio{budget="soft",tenant="acme"} 0.6' in text
+    assert 'tiergate_budget_alert{budget="soft",tenant="acme",threshold="0.5"} 1.0' in text
+    assert 'tiergate_budget_alert{budget="soft",tenant="acme",threshold="1"} 0.0' in text
+    assert 'tiergate_budget_refusals_total{budget="bot",tenant="acme"} 1.0' in text
+
+
+async def test_edge_refuses_with_429_budget_exceeded(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["tenants"]["acme"]["budgets"] = [{"name": "tiny", "limit_usd": "0.000001"}]
+    settings = app_settings(redis_url, key_prefix, tmp_path, tenants=data["tenants"])
+    async with running_app(settings) as (services, client):
+        r = await client.post(
+            "/v1/chat/completions",
+            headers=auth("acme"),
+            json={"model": "small", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "budget_exceeded"
+        request_id = r.headers["x-request-id"]
+        for _ in range(100):  # booked through the stream; no sink runs here, so read it
+            if await services.redis.xlen(services.redis_keys.ledger_events):
+                break
+            await asyncio.sleep(0.02)
+        assert await services.redis.xlen(services.redis_keys.ledger_events) == 1
+        assert request_id
