@@ -31,6 +31,7 @@ from gateway.auth.runtime import RuntimeAuth
 from gateway.auth.store import SqlAuthStore
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.faults.breaker import RedisBreaker
+from gateway.faults.marks import StreamMarks
 from gateway.faults.watch import BreakerWatch
 from gateway.faults.wiring import backend_timeouts, make_breaker, tier_faults
 from gateway.metrics import Metrics
@@ -276,6 +277,7 @@ async def open_services(
                 breaker=breaker,
                 faults=tier_faults(settings.fallback),
                 continuation=settings.fallback.continuation,
+                stream_marks=StreamMarks(redis, settings.redis.key_prefix),
             )
             worker = Worker(
                 redis=redis,

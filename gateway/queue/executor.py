@@ -37,6 +37,7 @@ from gateway.errors import DeadlineExceeded, GatewayError, InvalidRequest, Upstr
 from gateway.faults.breaker import BreakerState, RedisBreaker
 from gateway.faults.chains import DOWNGRADE_TAG, TierFaults, is_downgrade
 from gateway.faults.continuation import Delivered, can_continue, continuation_body, is_role_only
+from gateway.faults.marks import StreamMarks
 from gateway.faults.policy import Sleep
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.pool import BackendPool
@@ -125,6 +126,7 @@ class Executor:
         continuation: bool = True,
         attempts_metric: AttemptCounter | None = None,
         sleep: Sleep = asyncio.sleep,
+        stream_marks: StreamMarks | None = None,
     ) -> None:
         self._pool = pool
         self._prices = prices
@@ -135,6 +137,7 @@ class Executor:
         self._continuation = continuation
         self._attempts_metric = attempts_metric
         self._sleep = sleep
+        self._marks = stream_marks
 
     async def run(self, job: Job, emit: Emit) -> LedgerEntry:
         run = _Run(job=job, picked_at=time.time())
@@ -144,6 +147,11 @@ class Executor:
             )
             await emit(Reply(job.request_id, "error", error.body(), {"status": error.status}))
             return self._entry(run, error.outcome, error.status)
+        if job.stream and self._marks is not None and await self._marks.started(job.request_id):
+            # A run before this one (its worker died) already sent part of the answer, which
+            # this run cannot see: starting over would repeat it.
+            run.ttft_at = time.time()
+            return await self._broken(run, emit, None, why="the worker running it stopped")
         if job.stream:
             return await self._stream(run, emit)
         return await self._chat(run, emit)
@@ -266,9 +274,7 @@ class Executor:
                             data = {**data, "id": delivered.completion_id}
                     produced += delivered.add(data)
                     if run.ttft_at is None:
-                        run.ttft_at = time.time()
-                        self._served(run, deployment)
-                        await emit(Reply(job.request_id, "chunk", data, self._route_meta(run)))
+                        await self._first_chunk(run, emit, deployment, data)
                     else:
                         if sent == 0:
                             self._served(run, deployment)
@@ -285,6 +291,17 @@ class Executor:
             raise
         run.record(deployment, "ok", started, usage, None)
         await self._succeeded(deployment)
+
+    async def _first_chunk(
+        self, run: _Run, emit: Emit, deployment: str, data: dict[str, Any]
+    ) -> None:
+        """The stream's first chunk to the client: it carries the route (headers)."""
+        job = run.job
+        run.ttft_at = time.time()
+        self._served(run, deployment)
+        if self._marks is not None:
+            await self._marks.mark(job.request_id, job.deadline - run.ttft_at + 60)
+        await emit(Reply(job.request_id, "chunk", data, self._route_meta(run)))
 
     def _open(
         self,
@@ -312,11 +329,18 @@ class Executor:
             providers=providers,
         )
 
-    async def _broken(self, run: _Run, emit: Emit, error: BackendError | None) -> LedgerEntry:
+    async def _broken(
+        self,
+        run: _Run,
+        emit: Emit,
+        error: BackendError | None,
+        *,
+        why: str = "could not be continued",
+    ) -> LedgerEntry:
         """Headers and tokens already reached the client: end the stream honestly."""
         reason = f": {error}" if error is not None else ""
         failure = UpstreamFailed(
-            f"the stream broke after it started and could not be continued{reason}",
+            f"the stream broke after it started and {why}{reason}",
             attempts=[a.to_dict() for a in run.attempts],
         )
         entry = self._entry(run, "stream_error", 200)

@@ -28,6 +28,10 @@ __all__ = [
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+MAX_REGEX_CHARS = 512
+_NESTED_QUANTIFIER = re.compile(r"[+*}]\)[+*{]")
+"""A quantified group whose last element is quantified, e.g. ``(a+)+`` or ``(\\w*)*``: the
+classic catastrophic-backtracking shape, refused because regexes run on every request."""
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 Priority = Literal["interactive", "standard", "batch"]
 
@@ -65,11 +69,18 @@ class TextMatch(_Strict):
     @field_validator("regex")
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression: {exc}") from None
+        if value is None:
+            return value
+        if len(value) > MAX_REGEX_CHARS:
+            raise ValueError(f"regular expression longer than {MAX_REGEX_CHARS} characters")
+        if _NESTED_QUANTIFIER.search(value):
+            raise ValueError(
+                "nested quantifier such as (a+)+: it can take exponential time on some messages"
+            )
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression: {exc}") from None
         return value
 
     @model_validator(mode="after")

@@ -90,6 +90,8 @@ def one_rule(when: str, then: str = "{tier: external}") -> str:
          "already used"),
         ("rules:\n  - id: a\n    when: {last_message: {regex: '(x'}}\n    then: {}\n", 3,
          "rules[0].when.last_message.regex", "regular expression"),
+        ("rules:\n  - id: a\n    when: {last_message: {regex: '(a+)+$'}}\n    then: {}\n", 3,
+         "rules[0].when.last_message.regex", "nested quantifier"),
         ("rules:\n  - id: a\n    when: {colour: red}\n    then: {}\n", 3,
          "rules[0].when.colour", "Extra inputs"),
         ("rules:\n  - id: a\n    then: {deployment: nope}\n", 3, "rules[0].then.deployment",
