@@ -17,6 +17,8 @@ import httpx
 import openai
 import pytest
 import redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.e2e.ledger import wait_entry
 from tests.support import TEST_KEYS, Proc, free_port, gateway_config, start_sim, wait_ready
@@ -115,6 +117,7 @@ class Rig:
     database_url: str
     prefix: str
     workdir: Path
+    usage_logs: list[Path]
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +125,13 @@ def rig(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Ri
     workdir = tmp_path_factory.mktemp("rules")
     prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
     procs: list[Proc] = []
+    usage: list[Path] = []
     try:
         ports = {profile: free_port() for profile in PROFILES}
         for profile, port in ports.items():
-            procs.append(start_sim(profile, port, workdir)[0])
+            sim, log = start_sim(profile, port, workdir)
+            procs.append(sim)
+            usage.append(log)
         database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
         urls = []
         for name in ("a", "b"):
@@ -161,7 +167,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Ri
             procs.append(proc)
             wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
             urls.append(f"http://127.0.0.1:{port}")
-        yield Rig(urls[0], urls[1], database_url, prefix, workdir)
+        yield Rig(urls[0], urls[1], database_url, prefix, workdir, usage)
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -391,6 +397,30 @@ async def test_conversation_stays_large_unless_a_rule_lets_it_go(
     turn2 = [*opening, {"role": "assistant", "content": "ok"}, {"role": "user", "content": EASY}]
     plan = await explain(http, all_rules.b, {"model": "auto", "messages": turn2})
     assert (plan["tier"], plan["rule"]) == ("large", "sticky:conversation")
+
+
+async def test_explain_calls_no_model_and_writes_no_ledger_row(
+    all_rules: Rig, http: httpx.AsyncClient
+) -> None:
+    def served() -> int:
+        return sum(len(p.read_text().splitlines()) for p in all_rules.usage_logs if p.exists())
+
+    async def ledger_rows() -> int:
+        engine = create_async_engine(all_rules.database_url)
+        try:
+            async with engine.connect() as conn:
+                return int(
+                    (await conn.execute(text("SELECT count(*) FROM ledger_entries"))).scalar_one()
+                )
+        finally:
+            await engine.dispose()
+
+    await asyncio.sleep(1.0)  # let earlier requests' rows land
+    before = (served(), await ledger_rows())
+    for tags in ("a-deployment", "a-fallback", "go-large", ""):
+        await explain(http, all_rules.a, chat(), headers={"x-tiergate-tags": tags})
+    await asyncio.sleep(1.0)
+    assert (served(), await ledger_rows()) == before
 
 
 # ---------- hot reload, rollback, refusals ----------
