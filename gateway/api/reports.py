@@ -1,4 +1,4 @@
-"""``GET /v1/reports/costs``: the cost report over HTTP (JSON or CSV).
+"""``GET /v1/reports/costs`` (JSON or CSV) and ``GET /v1/reports/what-if``: reports over HTTP.
 
 Scope is decided here, never by the caller's parameters alone: a tenant's key (``tenant:<name>``
 or ``rules:<name>``) always reads its own tenant — asking for another one is refused with 403, and
@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
 from gateway.accounting.reports import GROUP_KEYS, cost_report, render_csv, render_json
+from gateway.accounting.whatif import render_what_if, what_if
 from gateway.api.deps import ServicesDep
 from gateway.auth.access import ADMIN, FINANCE, TENANT, access
 from gateway.auth.principals import Principal
@@ -70,3 +71,26 @@ async def costs(
             headers={"content-disposition": f'attachment; filename="{name}"'},
         )
     return JSONResponse(render_json(report))
+
+
+@router.get("/v1/reports/what-if")
+async def what_if_report(
+    services: ServicesDep,
+    principal: Annotated[Principal, access(TENANT, FINANCE, ADMIN)],
+    start: Annotated[date | None, Query(alias="from", description="first UTC day")] = None,
+    end: Annotated[date | None, Query(alias="to", description="last UTC day, inclusive")] = None,
+    tenant: Annotated[str | None, Query(description="finance/admin: one tenant")] = None,
+) -> JSONResponse:
+    """The period's tokens priced as routed, all on the external API, all self-hosted."""
+    scope = report_scope(principal, tenant)
+    if start is not None and end is not None and end < start:
+        raise InvalidRequest("'to' is before 'from'", param="to")
+    result = await what_if(
+        services.ledger,
+        services.prices,
+        services.settings.deployments,
+        tenant=scope,
+        start=start,
+        end=end,
+    )
+    return JSONResponse(render_what_if(result))

@@ -8,7 +8,7 @@ import json
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -19,6 +19,7 @@ from gateway.accounting.prices import PriceBook
 from gateway.accounting.reports import cost_report, render_csv, render_json, render_table
 from gateway.accounting.rollups import rollup_day
 from gateway.accounting.verify import VerifyReport, verify_ledger
+from gateway.accounting.whatif import render_what_if, what_if
 from gateway.queue.connection import redis_client
 from gateway.queue.keys import RedisKeys
 from gateway.settings import Settings, load_settings
@@ -41,12 +42,29 @@ def report(
     group_by: Annotated[
         str, typer.Option(help="comma-separated: day,model,tier,tag,rule,tenant,app,outcome")
     ] = "day,model",
+    whatif: Annotated[
+        bool, typer.Option("--what-if", help="price the period as routed, external, self-hosted")
+    ] = False,
 ) -> None:
     """Cost per tenant, summed by day and model (or other groups)."""
     settings = load_settings(config)
 
     async def run() -> None:
         ledger = await SqlLedger.connect(settings.database.url)
+        if whatif:
+            try:
+                scenarios = await what_if(
+                    ledger,
+                    PriceBook.from_settings(settings.deployments),
+                    settings.deployments,
+                    tenant=tenant,
+                    start=_day(since),
+                    end=_day(until),
+                )
+            finally:
+                await ledger.aclose()
+            _print_what_if(render_what_if(scenarios), format)
+            return
         try:
             result = await cost_report(
                 ledger,
@@ -87,6 +105,33 @@ def show(
         typer.echo(json.dumps(json.loads(encode_entry(entry)), indent=2))
 
     asyncio.run(run())
+
+
+def _print_what_if(data: dict[str, Any], format: str) -> None:
+    if format == "json":
+        typer.echo(json.dumps(data, indent=2))
+        return
+    rows = [
+        (s["name"], s["model"] or "", s["cost_usd"] or "unknown", s["rate_source"])
+        for s in data["scenarios"]
+    ]
+    if format == "csv":
+        typer.echo("scenario,model,cost_usd,rate_source")
+        for row in rows:
+            typer.echo(",".join(row))
+        return
+    from rich.table import Table
+
+    table = Table(
+        title=f"What-if — {data['tenant'] or 'all tenants'}, "
+        f"{data['prompt_tokens']:,} + {data['completion_tokens']:,} tokens"
+    )
+    for header in ("scenario", "model", "cost", "rate"):
+        table.add_column(header)
+    for name, model, cost, source in rows:
+        shown = cost if cost == "unknown" else f"${Decimal(cost).quantize(Decimal('0.01')):,}"
+        table.add_row(name, model, shown, source)
+    Console().print(table)
 
 
 def _day(text: str | None) -> date | None:

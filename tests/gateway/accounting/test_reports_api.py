@@ -128,3 +128,20 @@ async def test_bad_parameters(
 async def test_needs_a_key(api: tuple[Services, httpx.AsyncClient]) -> None:
     _, client = api
     assert (await client.get("/v1/reports/costs")).status_code == 401
+
+
+async def test_what_if_is_scoped_like_costs(api: tuple[Services, httpx.AsyncClient]) -> None:
+    _, client = api
+    own = await client.get("/v1/reports/what-if", headers=auth("acme"))
+    assert own.status_code == 200
+    body = own.json()
+    assert (body["tenant"], body["requests"]) == ("acme", 2)
+    assert [s["name"] for s in body["scenarios"]] == [
+        "as_routed",
+        "all_external",
+        "all_self_hosted",
+    ]
+    other = await client.get("/v1/reports/what-if?tenant=globex", headers=auth("acme"))
+    assert other.status_code == 403
+    everyone = await client.get("/v1/reports/what-if", headers=auth("finance"))
+    assert everyone.json()["requests"] == 4
