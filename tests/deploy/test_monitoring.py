@@ -51,7 +51,8 @@ def test_the_alerts_the_issue_asks_for() -> None:
         "TiergateTTFTP99High": "tiergate:ttft_seconds:p99_5m",
         "TiergateQueueWaitHigh": "tiergate:queue_wait_seconds:p99_5m",
         "TiergateBreakerOpen": "tiergate_breaker_state",
-        "TiergateBudgetBurn": "tiergate:cost_usd:rate1h",
+        "TiergateBudgetBurn": "tiergate_budget_spent_ratio",
+        "TiergateSpendSpike": "tiergate:cost_usd:rate1h",
         "TiergateUnpricedTraffic": "tiergate_unknown_price_requests_total",
         "TiergateErrorRateHigh": "tiergate:server_error_ratio:rate5m",
     }

@@ -3,8 +3,8 @@ dashboard read is on a running gateway's ``/metrics``, and every ``vllm:`` metri
 simulator's; the access log is JSON with the request id and no prompt text.
 
 The stack is this module's own (three simulators, ``tiergate serve``, the real Redis, SQLite):
-the 70B deployment has no price, so unpriced traffic is real, and the 8B simulator fails for a
-while, so fallbacks and the breaker are real too.
+the 70B deployment has no price, so unpriced traffic is real; acme has a soft budget; and the 8B
+simulator fails for a while, so fallbacks and the breaker are real too.
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ def metrics_stack(
         for dep in config["deployments"]:
             if dep["model"] == "llama-3.1-70b-instruct-awq":
                 dep.pop("price", None)  # unpriced: booked as unknown, never as zero
+        # a soft budget (never refuses): its spent-ratio gauge is what the budget alerts read
+        config["tenants"]["acme"]["budgets"] = [
+            {"name": "monthly", "limit_usd": "1000", "window": "month", "mode": "soft"}
+        ]
         config_path.write_text(yaml.safe_dump(config))
         gateway = start_gateway(config_path, workdir)
         procs.append(gateway)
