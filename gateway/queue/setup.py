@@ -51,9 +51,14 @@ def tier_queues(settings: Settings, keys: RedisKeys) -> dict[str, TierQueue]:
     the backends' names that ``services`` builds: ``model#i`` for vLLM, ``model`` for litellm)."""
     out: dict[str, TierQueue] = {}
     for tier, models in tier_deployments(settings).items():
-        slot_keys = [keys.slots(tier, n) for m in models for n in _replica_names(settings, m)]
-        capacity = sum(c for m in models for c in _capacities(settings, m))
-        out[tier] = TierQueue(capacity=capacity, slot_keys=tuple(slot_keys))
+        pairs = [(keys.slots(tier, n), m) for m in models for n in _replica_names(settings, m)]
+        per_deployment = {m: sum(_capacities(settings, m)) for m in models}
+        out[tier] = TierQueue(
+            capacity=sum(per_deployment.values()),
+            slot_keys=tuple(k for k, _ in pairs),
+            slot_deployments=tuple(m for _, m in pairs),
+            deployment_capacity=per_deployment,
+        )
     return out
 
 

@@ -1,8 +1,14 @@
-"""Queue state into Prometheus gauges, from the cached snapshot (a scrape never scans Redis)."""
+"""Queue state into Prometheus gauges, from the cached snapshot (a scrape never scans Redis).
+
+These are the signals to autoscale on (docs/queue.md): waiting jobs and the oldest job's age per
+tier and lane, the expected wait per tier, and in-flight requests against capacity per
+deployment.
+"""
 
 from __future__ import annotations
 
 from gateway.metrics import Metrics
+from gateway.queue.keys import LANES
 from gateway.queue.snapshot import QueueSnapshot
 
 __all__ = ["publish_queue_metrics"]
@@ -11,4 +17,16 @@ __all__ = ["publish_queue_metrics"]
 def publish_queue_metrics(snapshot: QueueSnapshot, metrics: Metrics) -> None:
     for tier in snapshot.tiers:
         view = snapshot.view(tier)
+        spec = snapshot.spec(tier)
         metrics.queue_depth.labels(tier).set(view.waiting)
+        metrics.queue_expected_wait.labels(tier).set(view.expected_wait_s)
+        for lane in LANES:
+            metrics.queue_lane_depth.labels(tier, lane).set(view.depth.get(lane, 0))
+            metrics.queue_oldest_age.labels(tier, lane).set(view.oldest_age_s.get(lane, 0.0))
+        held: dict[str, int] = dict.fromkeys(spec.deployment_capacity, 0)
+        for key, deployment in zip(spec.slot_keys, spec.slot_deployments, strict=True):
+            held[deployment] = held.get(deployment, 0) + view.held_by_key.get(key, 0)
+        for deployment, n in held.items():
+            metrics.inflight.labels(deployment).set(n)
+        for deployment, slots in spec.deployment_capacity.items():
+            metrics.capacity_slots.labels(deployment).set(slots)

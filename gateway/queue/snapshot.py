@@ -37,6 +37,9 @@ class TierQueue:
 
     capacity: int
     slot_keys: tuple[str, ...] = ()
+    slot_deployments: tuple[str, ...] = ()
+    """The deployment of each of ``slot_keys``."""
+    deployment_capacity: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,9 @@ class QueueSnapshot:
         self._leases = SlotLeases(redis)
         self._views: dict[str, TierView] = {}
         self._task: asyncio.Task[None] | None = None
+
+    def spec(self, tier: str) -> TierQueue:
+        return self._tiers.get(tier, TierQueue(0))
 
     def view(self, tier: str) -> TierView:
         view = self._views.get(tier)
