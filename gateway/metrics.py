@@ -132,6 +132,37 @@ class Metrics:
         self.queue_depth = Gauge(
             "tiergate_queue_depth", "Jobs waiting in a tier's stream", ["tier"], registry=r
         )
+        # Queue signals for autoscaling (KEDA / Prometheus scalers), from the queue snapshot.
+        self.queue_lane_depth = Gauge(
+            "tiergate_queue_lane_depth",
+            "Jobs waiting per tier and priority lane",
+            ["tier", "lane"],
+            registry=r,
+        )
+        self.queue_oldest_age = Gauge(
+            "tiergate_queue_oldest_job_age_seconds",
+            "Age of the oldest job no worker has taken yet, per tier and lane",
+            ["tier", "lane"],
+            registry=r,
+        )
+        self.queue_expected_wait = Gauge(
+            "tiergate_queue_expected_wait_seconds",
+            "Expected wait of a new job per tier (what spill-over reads)",
+            ["tier"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "tiergate_inflight_requests",
+            "Requests in flight per deployment across every process (held slot leases)",
+            ["deployment"],
+            registry=r,
+        )
+        self.capacity_slots = Gauge(
+            "tiergate_capacity_slots",
+            "Slots per deployment (replicas' max_num_seqs summed)",
+            ["deployment"],
+            registry=r,
+        )
         self.breaker_state = Gauge(
             "tiergate_breaker_state",
             "Circuit breaker per deployment: 0 closed, 1 half-open, 2 open",
