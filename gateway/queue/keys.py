@@ -28,6 +28,10 @@ class RedisKeys:
         """Stream of one tenant's queued jobs in one lane of a tier (consumer group ``workers``)."""
         return f"{self.tier_tag(tier)}:jobs:{lane}:{tenant}"
 
+    def streams(self, tier: str) -> str:
+        """Set of every job stream of a tier (where the reclaimer looks for orphaned jobs)."""
+        return f"{self.tier_tag(tier)}:streams"
+
     def lane_tenants(self, tier: str, lane: str) -> str:
         """Sorted set of the tenants with work in a lane, scored by virtual time (fair share)."""
         return f"{self.tier_tag(tier)}:lane:{lane}"

@@ -41,6 +41,7 @@ end
 redis.call('INCR', lane_depth)
 redis.call('LPUSH', KEYS[6], '1')
 redis.call('LTRIM', KEYS[6], 0, 63)
+redis.call('SADD', KEYS[7], KEYS[1])
 return waiting + 1
 """
 
@@ -128,6 +129,7 @@ class LaneQueue:
             k.lane_tenants(tier, lane),
             *(k.depth(tier, name) for name in LANES),
             k.bell(tier),
+            k.streams(tier),
         ]
         args: list[bytes | str | int | float] = [
             job,

@@ -20,11 +20,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.accounting.writer import LedgerWriter
+from gateway.queue.dispatcher import EDGE_CLAIM
 from gateway.queue.executor import Emit, Executor
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue, Taken
 from gateway.queue.pool import BackendPool, Reservation
+from gateway.queue.reclaim import Reclaimer
 
 __all__ = ["Worker"]
 
@@ -52,10 +54,13 @@ class Worker:
         pool: BackendPool | None = None,
         tiers: Mapping[str, Sequence[str]] | None = None,
         batch_headroom: float = 0.1,
+        reclaim_idle_s: float = 15.0,
+        heartbeat_s: float = _HEARTBEAT_S,
     ) -> None:
         """``capacity``: per-process slots of each tier that has no replica in ``pool``;
         ``tiers``: each tier's deployments, in order; ``batch_headroom``: share of a tier's
-        slots batch work may not take."""
+        slots batch work may not take; ``reclaim_idle_s``: how long a job's entry may go
+        unrenewed before another worker reclaims it (its worker is presumed dead)."""
         self._redis = redis
         self._blocking = blocking_redis
         self._keys = keys
@@ -74,13 +79,22 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._jobs: set[asyncio.Task[None]] = set()
         self._service_s: dict[str, float] = {}
+        self._heartbeat_s = heartbeat_s
+        self._reclaim_idle_s = reclaim_idle_s
+        self._reclaimer = Reclaimer(redis, keys, min_idle_ms=int(reclaim_idle_s * 1000))
+        self._active: set[Taken] = set()
+        self._stopping = False
 
     def start(self) -> None:
         for tier, slots in self._capacity.items():
             self._tasks.append(
                 asyncio.create_task(self._consume(tier, slots), name=f"tiergate-worker-{tier}")
             )
+            self._tasks.append(
+                asyncio.create_task(self._reclaim(tier), name=f"tiergate-reclaim-{tier}")
+            )
         self._tasks.append(asyncio.create_task(self._heartbeat(), name="tiergate-heartbeat"))
+        self._tasks.append(asyncio.create_task(self._renew(), name="tiergate-renew-entries"))
 
     @property
     def running(self) -> int:
@@ -88,26 +102,86 @@ class Worker:
 
     async def stop_taking(self) -> None:
         """Stop taking new jobs; the ones running go on."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._stopping = True
+        pending = set(self._tasks)
+        while pending:
+            # A cancellation can be lost inside the Redis client (it may surface as a
+            # connection error); the loops also check ``_stopping``, and we cancel again.
+            for task in pending:
+                task.cancel()
+            _done, pending = await asyncio.wait(pending, timeout=1.0)
         self._tasks.clear()
 
     async def aclose(self, *, drain_s: float = 10.0) -> None:
+        """Graceful stop: take no new job, let running ones finish within ``drain_s``, hand back
+        the rest (unacknowledged, claim released: another worker reclaims them)."""
         await self.stop_taking()
         if self._jobs:
-            await asyncio.wait(self._jobs, timeout=drain_s)
+            _done, pending = await asyncio.wait(self._jobs, timeout=drain_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=2.0)
         with contextlib.suppress(RedisError, OSError):
             await self._redis.delete(self._keys.worker_heartbeat(self.worker_id))
 
     async def _heartbeat(self) -> None:
         key = self._keys.worker_heartbeat(self.worker_id)
-        while True:
+        while not self._stopping:
             with contextlib.suppress(RedisError, OSError):
-                await self._redis.set(key, ",".join(self._capacity), ex=int(_HEARTBEAT_S * 3))
-            await asyncio.sleep(_HEARTBEAT_S)
+                await self._redis.set(
+                    key, ",".join(self._capacity), px=int(self._heartbeat_s * 3000)
+                )
+            await asyncio.sleep(self._heartbeat_s)
+
+    async def _renew(self) -> None:
+        """Keep the entries of running jobs fresh, so nobody reclaims a job that is alive."""
+        while not self._stopping or self._active:
+            await asyncio.sleep(self._reclaim_idle_s / 3)
+            by_stream: dict[str, list[bytes]] = {}
+            for taken in list(self._active):
+                stream = self._keys.jobs(taken.tier, taken.lane, taken.tenant)
+                by_stream.setdefault(stream, []).append(taken.entry_id)
+            for stream, ids in by_stream.items():
+                with contextlib.suppress(RedisError, OSError):
+                    await self._reclaimer.touch(stream, self.worker_id, ids)
+
+    async def _reclaim(self, tier: str) -> None:
+        """Take over jobs whose worker died: entries idle past ``reclaim_idle_s``."""
+        deployments = self._tiers.get(tier, [])
+        tag = self._keys.tier_tag(tier) + ":jobs:"
+        while not self._stopping:
+            await asyncio.sleep(self._reclaim_idle_s / 2)
+            try:
+                for stream in await self._reclaimer.streams(tier):
+                    while True:
+                        reservation = await self._pool.reserve(deployments) if deployments else None
+                        if deployments and reservation is None:
+                            break  # no free slot now; try again next round
+                        orphans = await self._reclaimer.orphans(stream, self.worker_id)
+                        if not orphans:
+                            if reservation is not None:
+                                await self._pool.release(reservation)
+                            break
+                        lane, _, tenant = stream.removeprefix(tag).partition(":")
+                        entry_id, fields = orphans[0]
+                        taken = Taken(tier, lane, tenant, entry_id, fields.get(b"j", b""))
+                        log.warning("reclaiming job %s of %s", entry_id, stream)
+                        self._spawn(taken, reservation, None, reclaimed=True)
+            except (RedisError, OSError) as exc:
+                log.warning("worker cannot reclaim in %s: %s", tier, type(exc).__name__)
+
+    def _spawn(
+        self,
+        taken: Taken,
+        reservation: Reservation | None,
+        local: asyncio.Semaphore | None,
+        *,
+        reclaimed: bool = False,
+    ) -> None:
+        task = asyncio.create_task(self._handle(taken, reservation, local, reclaimed=reclaimed))
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
 
     async def _consume(self, tier: str, slots: int) -> None:
         deployments = self._tiers.get(tier, [])
@@ -119,7 +193,7 @@ class Worker:
         have_local = False
         pause = _NO_SLOT_S[0]
         try:
-            while True:
+            while not self._stopping:
                 try:
                     if deployments and reservation is None:
                         reservation = await self._pool.reserve(deployments)
@@ -143,12 +217,8 @@ class Worker:
                     backoff = min(backoff * 2, 1.0)
                     continue
                 backoff = 0.05
-                task = asyncio.create_task(
-                    self._handle(taken, reservation, local if have_local else None)
-                )
+                self._spawn(taken, reservation, local if have_local else None)
                 reservation, have_local = None, False
-                self._jobs.add(task)
-                task.add_done_callback(self._jobs.discard)
         finally:
             if reservation is not None:
                 await self._pool.release(reservation)
@@ -156,16 +226,26 @@ class Worker:
                 local.release()
 
     async def _handle(
-        self, taken: Taken, reservation: Reservation | None, local: asyncio.Semaphore | None
+        self,
+        taken: Taken,
+        reservation: Reservation | None,
+        local: asyncio.Semaphore | None,
+        *,
+        reclaimed: bool = False,
     ) -> None:
+        ack = True
+        job: Job | None = None
+        self._active.add(taken)
         try:
             try:
                 job = Job.decode(taken.job)
             except (KeyError, ValueError, TypeError) as exc:
                 log.error("dropping malformed job %s: %s", taken.entry_id, exc)
                 return
-            if not await self._claim(job):
-                return  # the edge gave up on it (deadline) and booked it
+            owner = await self._own(job, reclaimed)
+            if owner != "mine":
+                ack = owner == "edge"  # "alive": its worker lives (slow renewal), leave it
+                return
             started = time.time()
             if reservation is not None:
                 async with self._pool.holding(reservation):
@@ -175,15 +255,24 @@ class Worker:
                 entry = await self._executor.run(job, self._emitter(job))
             await self._ledger.write(entry)
             await self._note_service_time(taken.tier, time.time() - started)
+        except asyncio.CancelledError:
+            # Shutting down past the grace period: hand the job back (no ack, claim released).
+            ack = False
+            if job is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._release_claim(job)
+            raise
         except Exception:
             log.exception("job %s failed in the worker", taken.entry_id)
         finally:
+            self._active.discard(taken)
             if reservation is not None:
                 await self._pool.release(reservation)
             if local is not None:
                 local.release()
-            with contextlib.suppress(RedisError, OSError):
-                await self._lanes.ack(taken)
+            if ack:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._lanes.ack(taken)
 
     async def _note_service_time(self, tier: str, seconds: float) -> None:
         """A moving average of backend time per job, published for expected-wait estimates."""
@@ -193,12 +282,28 @@ class Worker:
         with contextlib.suppress(RedisError, OSError):
             await self._redis.set(self._keys.service_time(tier), f"{value:.4f}", ex=3600)
 
+    async def _own(self, job: Job, reclaimed: bool) -> str:
+        """``mine`` (run it), ``edge`` (the edge answered 504 and booked it: drop it) or
+        ``alive`` (a reclaimed job whose worker still lives: leave it)."""
+        if reclaimed:
+            return await self._reclaimer.take_over(
+                job.request_id, self.worker_id, self._claim_ttl(job), EDGE_CLAIM
+            )
+        return "mine" if await self._claim(job) else "edge"
+
+    def _claim_ttl(self, job: Job) -> int:
+        return max(int(job.deadline - time.time()) + self._claim_ttl_s, self._claim_ttl_s)
+
     async def _claim(self, job: Job) -> bool:
-        ttl = max(int(job.deadline - time.time()) + self._claim_ttl_s, self._claim_ttl_s)
         won = await self._redis.set(
-            self._keys.claim(job.request_id), self.worker_id, nx=True, ex=ttl
+            self._keys.claim(job.request_id), self.worker_id, nx=True, ex=self._claim_ttl(job)
         )
         return bool(won)
+
+    async def _release_claim(self, job: Job) -> None:
+        key = self._keys.claim(job.request_id)
+        if await self._redis.get(key) == self.worker_id.encode():
+            await self._redis.delete(key)
 
     def _emitter(self, job: Job) -> Emit:
         stream = self._keys.replies(job.reply_to)

@@ -125,6 +125,8 @@ async def start_node(
     *,
     lease_ms: int = 30_000,
     batch_headroom: float = 0.1,
+    reclaim_idle_s: float = 15.0,
+    heartbeat_s: float = 2.0,
 ) -> Node:
     session = aiohttp.ClientSession()
     replicas = [
@@ -150,6 +152,8 @@ async def start_node(
         pool=pool,
         tiers={"small": [MODEL]},
         batch_headroom=batch_headroom,
+        reclaim_idle_s=reclaim_idle_s,
+        heartbeat_s=heartbeat_s,
     )
     worker.start()
     return Node(worker, pool, session)
