@@ -156,6 +156,9 @@ class TenantSettings(_Strict):
     priority: Literal["interactive", "standard", "batch"] = "standard"
     weight: float = Field(default=1.0, gt=0)
     """Fair share within a priority lane, relative to the other tenants there."""
+    log_prompts: bool = False
+    """The tenant's opt-in to having its prompts in access log lines (the operator's
+    ``logging.log_prompts`` must be on too); off: its text is never logged."""
 
 
 class QueueSettings(_Strict):

@@ -12,11 +12,12 @@ from fastapi.responses import Response
 from gateway.api.admission import admit, read_body
 from gateway.api.booking import book_refusal
 from gateway.api.deps import ServicesDep
+from gateway.api.openapi import chat_request_openapi
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
 from gateway.api.routing import plan_request
 from gateway.api.stream_idle import idle_limited
 from gateway.auth.access import AUTHENTICATED, access
-from gateway.auth.directory import tenant_priority
+from gateway.auth.directory import prompts_loggable, tenant_priority
 from gateway.auth.principals import Principal
 from gateway.errors import GatewayError, PermissionDenied
 from gateway.observability.logging import bind_request_id
@@ -42,7 +43,7 @@ def observe_plan(services: Services, tenant: str, plan: RoutePlan, seconds: floa
         metrics.classifier_score.labels(tenant).observe(plan.score)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=chat_request_openapi())
 async def chat_completions(
     request: Request, services: ServicesDep, principal: Annotated[Principal, access(AUTHENTICATED)]
 ) -> Response:
@@ -101,7 +102,9 @@ async def chat_completions(
             wants_usage=admitted.request.wants_usage,
             tenant=tenant,
             planned=plan.deployments[0] if plan.deployments else None,
-            prompt=admitted.body.get("messages") if services.settings.logging.log_prompts else None,
+            prompt=admitted.body.get("messages")
+            if prompts_loggable(services.settings, services.policies, tenant)
+            else None,
         )
         if stream:
             idle_s = services.settings.limits.sse_idle_s

@@ -12,7 +12,7 @@ from gateway.auth.tenants import TenantProfile, TenantRecord
 from gateway.settings import Settings
 from router.catalog import TenantPolicy
 
-__all__ = ["TenantDirectory", "policy_from_profile", "tenant_priority"]
+__all__ = ["TenantDirectory", "policy_from_profile", "prompts_loggable", "tenant_priority"]
 
 
 def policy_from_profile(
@@ -49,6 +49,9 @@ class TenantDirectory(Mapping[str, TenantPolicy]):
     def is_configured(self, name: str) -> bool:
         return name in self._fixed
 
+    def profile(self, name: str) -> TenantProfile | None:
+        return self._profiles.get(name)
+
     def priority(self, name: str) -> str | None:
         """A run-time tenant's priority (config-file tenants: see their settings)."""
         profile = self._profiles.get(name)
@@ -76,3 +79,15 @@ def tenant_priority(settings: Settings, policies: Mapping[str, TenantPolicy], te
     if isinstance(policies, TenantDirectory):
         return policies.priority(tenant) or "standard"
     return "standard"
+
+
+def prompts_loggable(settings: Settings, policies: Mapping[str, TenantPolicy], tenant: str) -> bool:
+    """Prompt text may reach a log line only when the operator allows it
+    (``logging.log_prompts``) and the tenant opted in (its ``log_prompts``)."""
+    if not settings.logging.log_prompts:
+        return False
+    configured = settings.tenants.get(tenant)
+    if configured is not None:
+        return configured.log_prompts
+    profile = policies.profile(tenant) if isinstance(policies, TenantDirectory) else None
+    return profile is not None and profile.log_prompts

@@ -54,6 +54,8 @@ class TenantProfile(BaseModel):
     priority: Literal["interactive", "standard", "batch"] = "standard"
     monthly_budget_usd: Decimal | None = Field(default=None, ge=0)
     """Placeholder for budgets: stored and shown, not enforced yet."""
+    log_prompts: bool = False
+    """Opt-in to having prompts in access log lines (``logging.log_prompts`` must be on too)."""
 
 
 @dataclass(frozen=True, slots=True)
