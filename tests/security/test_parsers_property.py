@@ -19,7 +19,7 @@ from gateway.settings import LimitsSettings, Settings
 from router.rules import RulesInvalid, parse_rules
 
 FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MANY = settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+MANY = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
 """The default suite runs a few examples per parser; the slow suite (CI) thousands."""
 
 
