@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from gateway.limits.rate import TenantRates
 from gateway.queue.keys import RedisKeys
 from gateway.queue.pool import Replica
 from gateway.queue.snapshot import TierQueue
 from gateway.settings import Settings
 
-__all__ = ["assign_slots", "tier_deployments", "tier_queues", "weights"]
+__all__ = ["assign_slots", "rates", "tier_deployments", "tier_queues", "weights"]
 
 
 def assign_slots(
@@ -64,3 +65,10 @@ def tier_queues(settings: Settings, keys: RedisKeys) -> dict[str, TierQueue]:
 
 def weights(settings: Settings) -> dict[str, float]:
     return {name: t.weight for name, t in settings.tenants.items()}
+
+
+def rates(settings: Settings) -> dict[str, TenantRates]:
+    return {
+        name: TenantRates(t.requests_per_minute, t.tokens_per_minute)
+        for name, t in settings.tenants.items()
+    }

@@ -1,0 +1,160 @@
+"""Scale-out: two edges (`tiergate serve --no-workers`) and two workers (`tiergate worker`) on one
+Redis, one simulator replica whose capacity in the config is 4 (the simulator itself would take
+32). One worker is SIGKILLed mid-run. Every request gets exactly one status and one ledger row,
+and the replica never holds more than 4 requests from tiergate. Slow: the dead worker's jobs
+are reclaimed after their entries go idle (15 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.ledger import wait_entry
+from tests.support import (
+    TEST_KEYS,
+    Proc,
+    free_port,
+    gateway_config,
+    start_gateway,
+    start_sim,
+    wait_ready,
+)
+
+SMALL = "llama-3.1-8b-instruct"
+CAPACITY = 4
+REQUESTS = 48
+
+
+def _own_config(config: Path, workdir: Path, name: str, **server: int) -> Path:
+    own = workdir / name
+    own.mkdir()
+    data = yaml.safe_load(config.read_text())
+    data["server"] = {**data["server"], **server}
+    path = own / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _worker(config: Path, workdir: Path, name: str) -> Proc:
+    path = _own_config(config, workdir, name, admin_port=free_port())
+    args = [sys.executable, "-m", "gateway.cli", "worker", "--config", str(path)]
+    return Proc(args, workdir / f"{name}.log", TEST_KEYS)
+
+
+def _running(metrics_url: str) -> float:
+    text = httpx.get(metrics_url, timeout=2).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:num_requests_running":
+            return sum(s.value for s in family.samples)
+    return 0.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, redis_url: str) -> Iterator[dict[str, object]]:
+    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
+    sim_port = free_port()
+    sim, _ = start_sim(SMALL, sim_port, tmp_path, time_scale=1.0)
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    ports = [free_port(), free_port()]
+    config = gateway_config(
+        workdir=tmp_path, redis_url=redis_url, prefix=prefix, database_url=database_url,
+        sim_ports={SMALL: sim_port}, port=ports[0], admin_port=free_port(),
+    )  # fmt: skip
+    data = yaml.safe_load(config.read_text())
+    data["deployments"][0]["replicas"][0]["max_num_seqs"] = CAPACITY
+    config.write_text(yaml.safe_dump(data))
+    procs: list[Proc] = []
+    try:
+        for i, port in enumerate(ports):
+            own = _own_config(config, tmp_path, f"edge-{i}", port=port, admin_port=free_port())
+            procs.append(start_gateway(own, tmp_path, "--no-workers", name=f"edge-{i}"))
+        workers = [_worker(config, tmp_path, f"worker-{i}") for i in range(2)]
+        procs.extend(workers)
+        for i, port in enumerate(ports):
+            wait_ready(procs[i], f"http://127.0.0.1:{port}/readyz")
+        yield {
+            "urls": [f"http://127.0.0.1:{p}/v1" for p in ports],
+            "workers": workers,
+            "database_url": database_url,
+            "sim_metrics": f"http://127.0.0.1:{sim_port}/metrics",
+            "redis_url": redis_url,
+            "prefix": prefix,
+        }
+    finally:
+        for proc in procs:
+            proc.stop()
+        sim.stop()
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_two_edges_two_workers_one_killed(cluster: dict[str, object]) -> None:
+    urls: list[str] = cluster["urls"]  # type: ignore[assignment]
+    workers: list[Proc] = cluster["workers"]  # type: ignore[assignment]
+    clients = [
+        openai.AsyncOpenAI(base_url=u, api_key=TEST_KEYS["TIERGATE_KEY_ACME"], max_retries=0)
+        for u in urls
+    ]
+    statuses: dict[str, int] = {}
+    peak = 0.0
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            running = await asyncio.to_thread(_running, str(cluster["sim_metrics"]))
+            peak = max(peak, running)
+            await asyncio.sleep(0.05)
+
+    async def one(i: int) -> None:
+        client = clients[i % 2]
+        try:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=SMALL,
+                messages=[{"role": "user", "content": f"Tell me about request {i}."}],
+                max_tokens=60,
+                extra_headers={"x-tiergate-timeout-ms": "90000"},
+            )
+            statuses[raw.headers["x-request-id"]] = raw.http_response.status_code
+        except openai.APIStatusError as exc:
+            statuses[exc.response.headers.get("x-request-id", f"none-{i}")] = exc.status_code
+
+    watcher = asyncio.create_task(watch())
+    calls = []
+    for i in range(REQUESTS):  # arrivals over ~1 s (a cold edge's Redis pool under one
+        calls.append(asyncio.create_task(one(i)))  # instant burst can fail fast: 503)
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(1.0)
+    workers[0].popen.kill()  # mid-run: it holds up to CAPACITY jobs
+    workers[0].popen.wait()
+    started = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(*calls), 150)
+    stop.set()
+    await watcher
+    for client in clients:
+        await client.close()
+
+    assert len(statuses) == REQUESTS, statuses  # every request has exactly one status
+    assert Counter(statuses.values()) == Counter({200: REQUESTS}), statuses
+    assert 1 <= peak <= CAPACITY
+    assert time.monotonic() - started < 120
+    assert "reclaiming job" in workers[1].output()  # the kill did orphan jobs, and they were run
+    for request_id in statuses:
+        entry = await wait_entry(str(cluster["database_url"]), request_id, timeout_s=30)
+        assert entry.outcome == "ok"
