@@ -34,6 +34,7 @@ from gateway.faults.breaker import RedisBreaker
 from gateway.faults.marks import StreamMarks
 from gateway.faults.watch import BreakerWatch
 from gateway.faults.wiring import backend_timeouts, make_breaker, tier_faults
+from gateway.limits.rate import RateLimiter
 from gateway.metrics import Metrics
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.connection import redis_client
@@ -42,7 +43,7 @@ from gateway.queue.executor import Executor
 from gateway.queue.keys import RedisKeys
 from gateway.queue.pool import BackendPool, Replica
 from gateway.queue.replies import ReplyRouter
-from gateway.queue.setup import assign_slots, tier_deployments, tier_queues, weights
+from gateway.queue.setup import assign_slots, rates, tier_deployments, tier_queues, weights
 from gateway.queue.snapshot import QueueSnapshot
 from gateway.queue.worker import Worker
 from gateway.rules.edge import RulesRuntime
@@ -81,6 +82,8 @@ class Services:
     """Run-time tenants and keys (SQL, cached here); ``None`` in tests that build their own."""
     queue_snapshot: QueueSnapshot | None = None
     """Cached queue state (expected waits, depths, in-flight), refreshed in the background."""
+    rate_limits: RateLimiter | None = None
+    """Per-tenant requests/tokens per minute (Redis); ``None`` in tests that build their own."""
     breaker: RedisBreaker | None = None
     """Circuit breakers shared through Redis (``None``: disabled in config)."""
     breaker_watch: BreakerWatch | None = None
@@ -326,6 +329,7 @@ async def open_services(
             edge_id=edge_id,
             auth=auth,
             queue_snapshot=snapshot,
+            rate_limits=RateLimiter(redis, settings.redis.key_prefix, rates(settings)),
             breaker=breaker,
             breaker_watch=breaker_watch,
             rules=rules,

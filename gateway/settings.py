@@ -156,6 +156,9 @@ class TenantSettings(_Strict):
     priority: Literal["interactive", "standard", "batch"] = "standard"
     weight: float = Field(default=1.0, gt=0)
     """Fair share within a priority lane, relative to the other tenants there."""
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    """Rate limits, global across gateway processes (prompt estimate + output budget count)."""
     log_prompts: bool = False
     """The tenant's opt-in to having its prompts in access log lines (the operator's
     ``logging.log_prompts`` must be on too); off: its text is never logged."""

@@ -88,6 +88,10 @@ async def chat_completions(
             tags=admitted.meta.tags,
             priority=plan.priority or admitted.meta.priority or policy_priority,
         )
+        if services.rate_limits is not None:
+            await services.rate_limits.admit(
+                tenant, tokens=admitted.features.estimated_prompt_tokens + admitted.max_tokens
+            )
         if services.budgets is not None:  # worst case reserved; settled when booked
             await services.budgets.reserve_job(
                 job, admitted.features.estimated_prompt_tokens, admitted.max_tokens
