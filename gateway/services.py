@@ -31,9 +31,15 @@ from gateway.auth.runtime import RuntimeAuth
 from gateway.auth.store import SqlAuthStore
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.faults.breaker import RedisBreaker
+from gateway.faults.health import HealthProbe
 from gateway.faults.marks import StreamMarks
 from gateway.faults.watch import BreakerWatch
-from gateway.faults.wiring import backend_timeouts, make_breaker, tier_faults
+from gateway.faults.wiring import (
+    backend_timeouts,
+    make_breaker,
+    tier_faults,
+    vllm_deployments,
+)
 from gateway.limits.rate import RateLimiter
 from gateway.metrics import Metrics
 from gateway.queue.capacity import SlotLeases
@@ -260,6 +266,15 @@ async def open_services(
             )
             stack.push_async_callback(session.close)
             fallback = settings.fallback
+            if breaker is not None and fallback.breaker.health_interval_s > 0:
+                probe = HealthProbe(
+                    session,
+                    breaker,
+                    {d.model: [r.url for r in d.replicas] for d in vllm_deployments(settings)},
+                    interval_s=fallback.breaker.health_interval_s,
+                )
+                probe.start()
+                stack.push_async_callback(probe.aclose)
             replicas = {
                 dep.model: _make_backends(dep, session, fallback) for dep in settings.deployments
             }

@@ -239,6 +239,9 @@ class BreakerSettings(_Strict):
     open_s: float = Field(default=5.0, gt=0)
     """How long an open breaker skips the deployment before a half-open probe."""
     probe_timeout_s: float = Field(default=10.0, gt=0)
+    health_interval_s: float = Field(default=1.0, ge=0)
+    """Workers check each vLLM replica's ``/health`` this often; a deployment whose replicas
+    all fail is drained (breaker opened at once). 0 disables."""
 
 
 class FallbackSettings(_Strict):

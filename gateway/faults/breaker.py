@@ -193,5 +193,21 @@ class RedisBreaker:
             return frozenset()
         return frozenset(name for name, flag in zip(names, flags, strict=True) if flag)
 
+    async def trip(self, deployment: str) -> None:
+        """Open the breaker now (its replicas fail their health checks): skipped for
+        ``open_s``, then half-open as after any trip. Redis errors are logged."""
+        window, open_key, tripped, probe = self._keys(deployment)
+        c = self.config
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(open_key, b"1", px=_ms(c.open_s))
+                pipe.set(tripped, b"1", px=_ms(c.tripped_s))
+                pipe.delete(window, probe)
+                await pipe.execute()
+        except RedisError as exc:
+            log.warning("cannot trip the breaker of %s: %r", deployment, exc)
+            return
+        self._notify(deployment, BreakerState.OPEN)
+
     async def reset(self, deployment: str) -> None:
         await self._redis.delete(*self._keys(deployment))

@@ -13,9 +13,9 @@ from gateway.faults.policy import RetryPolicy
 from router.catalog import Tier
 
 if TYPE_CHECKING:
-    from gateway.settings import DeploymentSettings, FallbackSettings
+    from gateway.settings import DeploymentSettings, FallbackSettings, Settings
 
-__all__ = ["backend_timeouts", "make_breaker", "tier_faults"]
+__all__ = ["backend_timeouts", "make_breaker", "tier_faults", "vllm_deployments"]
 
 _STATE_NAMES = {
     BreakerState.CLOSED: "closed",
@@ -76,3 +76,8 @@ def make_breaker(
         probe_timeout_s=b.probe_timeout_s,
     )
     return RedisBreaker(redis, prefix, config, on_state=on_state)
+
+
+def vllm_deployments(settings: Settings) -> list[DeploymentSettings]:
+    """The deployments with a health endpoint (hosted APIs have none)."""
+    return [d for d in settings.deployments if d.provider == "vllm" and d.replicas]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -160,10 +160,10 @@ class Executor:
 
     async def _chat(self, run: _Run, emit: Emit) -> LedgerEntry:
         job = run.job
-        for deployment in self._candidates(job):
+        for deployment, bypass in self._passes(run):
             if time.time() >= job.deadline:
                 break
-            if not await self._allowed(run, deployment):
+            if not bypass and not await self._allowed(run, deployment):
                 continue
             tier = self._tier_faults(deployment)
             response: ChatResponse | None = None
@@ -206,14 +206,14 @@ class Executor:
         delivered = Delivered()
         broke: BackendError | None = None  # the mid-stream failure we are recovering from
         previous: str | None = None
-        for deployment in self._candidates(job):
+        for deployment, bypass in self._passes(run):
             if time.time() >= job.deadline:
                 break
             if broke is not None and not self._may_continue(
                 job.body, delivered, previous, deployment
             ):
                 continue
-            if not await self._allowed(run, deployment):
+            if not bypass and not await self._allowed(run, deployment):
                 continue
             tier = self._tier_faults(deployment)
             body = continuation_body(job.body, delivered) if delivered.content else job.body
@@ -352,6 +352,18 @@ class Executor:
 
     def _candidates(self, job: Job) -> list[str]:
         return [d for d in job.plan.deployments if d in self._pool]
+
+    def _passes(self, run: _Run) -> Iterator[tuple[str, bool]]:
+        """The plan's deployments, breakers respected; then, when no answer came, the ones
+        their breaker skipped, in order, breakers bypassed: a breaker orders the chain, and is
+        never the only reason a request fails."""
+        candidates = self._candidates(run.job)
+        for deployment in candidates:
+            yield deployment, False
+        skipped = {a.deployment for a in run.attempts if a.outcome == "circuit_open"}
+        for deployment in candidates:
+            if deployment in skipped:
+                yield deployment, True
 
     def _provider(self, deployment: str | None) -> str:
         spec = self._catalog.get(deployment) if deployment else None
