@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.errors import DeadlineExceeded, RateLimited, ServiceUnavailable
+from gateway.limits.idempotency import Idempotency
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue, QueueFull, lane_of
@@ -41,6 +42,7 @@ class Dispatcher:
         tier_max_depth: Mapping[str, int] | None = None,
         weights: Mapping[str, float] | None = None,
         expected_wait: Callable[[str], float] | None = None,
+        idempotency: Idempotency | None = None,
     ) -> None:
         """``tier_max_depth`` overrides ``max_depth`` per tier; ``weights`` are tenants' fair
         shares (default 1); ``expected_wait(tier)`` (s) sets a refusal's ``Retry-After``."""
@@ -53,10 +55,20 @@ class Dispatcher:
         self._expected_wait = expected_wait
         self._claim_ttl_s = claim_ttl_s
         self._lanes = LaneQueue(redis, keys)
+        self._idempotency = idempotency
 
     async def submit(self, job: Job) -> AsyncIterator[Reply]:
         """Queue ``job`` and return its replies, in order. Raises ``RateLimited`` when the tier's
         queue is full and ``ServiceUnavailable`` when Redis cannot be used."""
+        if self._idempotency is not None and job.idempotency_key and not job.stream:
+            try:
+                first = await self._idempotency.claim(
+                    job.tenant, job.idempotency_key, job.request_id
+                )
+            except (RedisError, OSError) as exc:
+                raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
+            if first is not None:
+                return self._replay(job, job.idempotency_key)
         tier = job.plan.tier.value
         queue = self._replies.register(job.request_id)
         try:
@@ -114,6 +126,15 @@ class Dispatcher:
                     return
         finally:
             self._replies.unregister(job.request_id)
+
+    async def _replay(self, job: Job, key: str) -> AsyncIterator[Reply]:
+        """A repeat's answer: the first request's final reply (never queued, never booked)."""
+        assert self._idempotency is not None
+        try:
+            reply = await self._idempotency.wait(job.tenant, key, job.deadline)
+        except (RedisError, OSError) as exc:
+            raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
+        yield Reply(job.request_id, reply.kind, reply.data, {**reply.meta, "replayed": True})
 
     def _retry_after(self, tier: str) -> float:
         """Whole seconds until the queue is expected to have room: its expected wait, 1-60."""

@@ -31,6 +31,8 @@ class Job:
     app: str | None = None
     tags: tuple[str, ...] = ()
     priority: str = "standard"
+    idempotency_key: str | None = None
+    """A repeat with the same key (same tenant) gets this job's answer instead of running."""
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -48,6 +50,7 @@ class Job:
                 "app": self.app,
                 "tags": list(self.tags),
                 "priority": self.priority,
+                "idempotency_key": self.idempotency_key,
             }
         )
 
@@ -68,6 +71,7 @@ class Job:
             app=data.get("app"),
             tags=tuple(data.get("tags", ())),
             priority=data.get("priority", "standard"),
+            idempotency_key=data.get("idempotency_key"),
         )
 
 

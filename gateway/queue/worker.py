@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.accounting.writer import LedgerWriter
+from gateway.limits.idempotency import Idempotency
 from gateway.queue.dispatcher import EDGE_CLAIM
 from gateway.queue.executor import Emit, Executor
 from gateway.queue.jobs import Job, Reply
@@ -56,6 +57,7 @@ class Worker:
         batch_headroom: float = 0.1,
         reclaim_idle_s: float = 15.0,
         heartbeat_s: float = _HEARTBEAT_S,
+        idempotency: Idempotency | None = None,
     ) -> None:
         """``capacity``: per-process slots of each tier that has no replica in ``pool``;
         ``tiers``: each tier's deployments, in order; ``batch_headroom``: share of a tier's
@@ -84,6 +86,7 @@ class Worker:
         self._reclaimer = Reclaimer(redis, keys, min_idle_ms=int(reclaim_idle_s * 1000))
         self._active: set[Taken] = set()
         self._stopping = False
+        self._idempotency = idempotency
 
     def start(self) -> None:
         for tier, slots in self._capacity.items():
@@ -300,6 +303,15 @@ class Worker:
         )
         return bool(won)
 
+    async def _remember(self, job: Job, reply: Reply) -> None:
+        """Keep a keyed job's final reply for its repeats (before the reply goes out)."""
+        if self._idempotency is None or job.idempotency_key is None:
+            return
+        try:
+            await self._idempotency.store(job.tenant, job.idempotency_key, reply)
+        except (RedisError, OSError) as exc:
+            log.warning("cannot keep the answer of %s: %s", job.request_id, type(exc).__name__)
+
     async def _release_claim(self, job: Job) -> None:
         key = self._keys.claim(job.request_id)
         if await self._redis.get(key) == self.worker_id.encode():
@@ -309,6 +321,8 @@ class Worker:
         stream = self._keys.replies(job.reply_to)
 
         async def emit(reply: Reply) -> None:
+            if job.idempotency_key and not job.stream and reply.kind in ("result", "error"):
+                await self._remember(job, reply)
             try:
                 await self._redis.xadd(
                     stream, reply.fields(), maxlen=_REPLY_MAXLEN, approximate=True

@@ -52,10 +52,3 @@ async def test_tokens_per_minute_and_all_or_nothing(
     assert wait is not None and 11 <= wait <= 14
     assert await _admit(limiter, "t", 400) is None  # the refusal took nothing
     assert await _admit(limiter, "t", 50) is not None
-
-
-@pytest.fixture
-async def redis_conn(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
