@@ -40,6 +40,7 @@ from gateway.faults.wiring import (
     tier_faults,
     vllm_deployments,
 )
+from gateway.limits.idempotency import Idempotency
 from gateway.limits.rate import RateLimiter
 from gateway.metrics import Metrics
 from gateway.queue.capacity import SlotLeases
@@ -235,6 +236,7 @@ async def open_services(
         replies.start()
         stack.push_async_callback(replies.aclose)
         claim_ttl = max(settings.queue.result_ttl_s, 60)
+        idempotency = Idempotency(redis, settings.redis.key_prefix, ttl_s=claim_ttl)
         snapshot = QueueSnapshot(redis, redis_keys, tier_queues(settings, redis_keys))
         snapshot.start()
         stack.push_async_callback(snapshot.aclose)
@@ -247,6 +249,7 @@ async def open_services(
             tier_max_depth=settings.queue.tier_max_depth,
             weights=weights(settings),
             expected_wait=snapshot.expected_wait,
+            idempotency=idempotency,
         )
 
         breaker = make_breaker(
@@ -309,6 +312,7 @@ async def open_services(
                 pool=pool,
                 tiers=tier_deployments(settings),
                 batch_headroom=settings.queue.batch_headroom,
+                idempotency=idempotency,
             )
             sink = LedgerSink(
                 redis=redis,

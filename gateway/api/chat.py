@@ -87,6 +87,7 @@ async def chat_completions(
             app=admitted.meta.app,
             tags=admitted.meta.tags,
             priority=plan.priority or admitted.meta.priority or policy_priority,
+            idempotency_key=admitted.meta.idempotency_key,
         )
         if services.rate_limits is not None:
             await services.rate_limits.admit(
