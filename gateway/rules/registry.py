@@ -51,6 +51,9 @@ class RuleRegistry:
         self._combined: dict[str, RuleSet] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        """Set by ``aclose``: the loops also stop on it, should a library swallow the
+        cancellation (redis-py can, mid-command)."""
 
     # ---- reading (request path: memory only) ----
 
@@ -138,6 +141,7 @@ class RuleRegistry:
         self._task = asyncio.create_task(self._run(), name="rules-reload")
 
     async def aclose(self) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -145,7 +149,7 @@ class RuleRegistry:
             self._task = None
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 await self._listen()
             except (RedisError, OSError) as exc:
@@ -158,7 +162,7 @@ class RuleRegistry:
         try:
             await pubsub.subscribe(self._channel)
             await self._poll_once()  # changes made while we were not subscribed
-            while True:
+            while not self._closing:
                 message = await pubsub.get_message(timeout=self._poll_s)
                 if message is not None:
                     log.debug("rule change announced: %r", message.get("data"))
