@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway import dashboard
 from gateway.api import admin_keys, admin_tenants, chat, explain, health, models, reports, rules
 from gateway.api.errors import install_error_handlers
 from gateway.auth.access import PUBLIC, access
@@ -52,6 +53,7 @@ def create_app(
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(reports.router)
+    app.include_router(dashboard.router)
     app.include_router(explain.router)
     app.include_router(rules.router)
     app.include_router(health.router)

@@ -1,4 +1,5 @@
-"""``GET /v1/reports/costs`` (JSON or CSV) and ``GET /v1/reports/what-if``: reports over HTTP.
+"""Reports over HTTP: ``GET /v1/reports/costs`` (JSON or CSV), ``/v1/reports/what-if`` and
+``/v1/reports/budgets``.
 
 Scope is decided here, never by the caller's parameters alone: a tenant's key (``tenant:<name>``
 or ``rules:<name>``) always reads its own tenant — asking for another one is refused with 403, and
@@ -9,11 +10,13 @@ narrow to one with ``tenant=``.
 from __future__ import annotations
 
 from datetime import date
+from decimal import Decimal
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
+from gateway.accounting.records import MICRO
 from gateway.accounting.reports import GROUP_KEYS, cost_report, render_csv, render_json
 from gateway.accounting.whatif import render_what_if, what_if
 from gateway.api.deps import ServicesDep
@@ -94,3 +97,38 @@ async def what_if_report(
         end=end,
     )
     return JSONResponse(render_what_if(result))
+
+
+@router.get("/v1/reports/budgets")
+async def budgets_report(
+    services: ServicesDep,
+    principal: Annotated[Principal, access(TENANT, FINANCE, ADMIN)],
+    tenant: Annotated[str | None, Query(description="finance/admin: one tenant")] = None,
+) -> JSONResponse:
+    """Each budget's window, limit, spend and reservations now (from Redis)."""
+    scope = report_scope(principal, tenant)
+    book = services.budgets
+    names = [scope] if scope is not None else sorted(services.settings.tenants)
+    rows: list[dict[str, object]] = []
+    if book is not None:
+        for name in names:
+            for status in await book.status(name):
+                rows.append(
+                    {
+                        "tenant": name,
+                        "budget": status.name,
+                        "mode": status.mode,
+                        "app": status.app,
+                        "tag": status.tag,
+                        "window_start": status.window_start.isoformat(),
+                        "window_end": status.window_end.isoformat(),
+                        "limit_usd": _usd(status.limit_micro_usd),
+                        "spent_usd": _usd(status.spent_micro_usd),
+                        "reserved_usd": _usd(status.reserved_micro_usd),
+                    }
+                )
+    return JSONResponse({"tenant": scope, "budgets": rows})
+
+
+def _usd(micro: int) -> str:
+    return f"{(Decimal(micro) * MICRO).quantize(MICRO):f}"

@@ -1,0 +1,269 @@
+// tiergate cost dashboard: signs in with an API key (kept in this tab's sessionStorage), reads
+// the reports API with it and draws SVG charts. Every value from the API is inserted as text
+// (never as HTML): tags and app names come from clients.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+  "#ff9da7", "#9c755f", "#bab0ac"];
+const $ = (id) => document.getElementById(id);
+const state = { key: null, scoped: null };
+
+function money(text) {
+  const n = Number(text);
+  return (n < 0 ? "-$" : "$") + Math.abs(n).toLocaleString("en-US",
+    { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+}
+
+function el(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+async function api(path, params) {
+  const query = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) if (v) query.set(k, v);
+  const response = await fetch(`${path}?${query}`, { headers: { authorization: `Bearer ${state.key}` } });
+  if (!response.ok) {
+    let message = `${response.status}`;
+    try { message = (await response.json()).error.message; } catch (_) { /* not JSON */ }
+    const error = new Error(message);
+    error.status = response.status;
+    throw error;
+  }
+  return response;
+}
+
+function filters() {
+  const tenant = state.scoped ? null : $("tenant").value.trim() || null;
+  return { from: $("from").value, to: $("to").value, tenant };
+}
+
+function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+
+function legend(container, names) {
+  const div = document.createElement("div");
+  div.className = "legend";
+  names.forEach((name, i) => {
+    const span = document.createElement("span");
+    const box = document.createElement("i");
+    box.style.background = COLORS[i % COLORS.length];
+    span.appendChild(box);
+    span.appendChild(document.createTextNode(name));
+    div.appendChild(span);
+  });
+  container.appendChild(div);
+}
+
+function frame(container, width, height) {
+  const svg = el("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img" });
+  container.appendChild(svg);
+  return svg;
+}
+
+function axis(svg, max, x0, y0, h, w) {
+  svg.appendChild(el("line", { x1: x0, y1: y0, x2: x0 + w, y2: y0, stroke: "#999" }));
+  svg.appendChild(el("text", { x: 2, y: y0 - h + 10 }, money(max)));
+  svg.appendChild(el("text", { x: 2, y: y0 }, "$0"));
+}
+
+function stackedBars(container, rows, split) {
+  clear(container);
+  const days = [...new Set(rows.map((r) => r.day))].sort();
+  const names = [...new Set(rows.map((r) => r[split] || "(none)"))].sort();
+  if (!days.length) { container.textContent = "No requests in this period."; return; }
+  const totals = days.map((d) => rows.filter((r) => r.day === d)
+    .reduce((s, r) => s + Number(r.cost_usd), 0));
+  const max = Math.max(...totals, 1e-9);
+  const W = 760, H = 220, x0 = 60, y0 = 200, h = 180, step = (W - x0) / days.length;
+  const svg = frame(container, W, H);
+  axis(svg, max, x0, y0, h, W - x0);
+  days.forEach((day, i) => {
+    let y = y0;
+    names.forEach((name, j) => {
+      const row = rows.find((r) => r.day === day && (r[split] || "(none)") === name);
+      if (!row) return;
+      const bh = (Number(row.cost_usd) / max) * h;
+      y -= bh;
+      const rect = el("rect", { x: x0 + i * step + 2, y, width: Math.max(step - 4, 1), height: bh,
+        fill: COLORS[j % COLORS.length], "data-day": day, "data-series": name, "data-value": row.cost_usd });
+      rect.appendChild(el("title", {}, `${day} ${name}: ${money(row.cost_usd)}`));
+      svg.appendChild(rect);
+    });
+    if (days.length <= 31 && (i % Math.ceil(days.length / 8) === 0)) {
+      svg.appendChild(el("text", { x: x0 + i * step, y: y0 + 14 }, day.slice(5)));
+    }
+  });
+  legend(container, names);
+}
+
+function lines(container, xs, series) {
+  clear(container);
+  if (!xs.length) { container.textContent = "No data."; return; }
+  const max = Math.max(...series.flatMap((s) => s.values), 1e-9);
+  const W = 760, H = 220, x0 = 60, y0 = 200, h = 180;
+  const step = xs.length > 1 ? (W - x0 - 10) / (xs.length - 1) : 0;
+  const svg = frame(container, W, H);
+  axis(svg, max, x0, y0, h, W - x0);
+  series.forEach((s, j) => {
+    const points = s.values.map((v, i) => `${x0 + i * step},${y0 - (v / max) * h}`).join(" ");
+    svg.appendChild(el("polyline", { points, fill: "none", stroke: s.color || COLORS[j % COLORS.length],
+      "stroke-width": 2, "stroke-dasharray": s.dashed ? "5,4" : "none", "data-series": s.name }));
+  });
+  legend(container, series.map((s) => s.name));
+}
+
+function hbars(container, items) {
+  clear(container);
+  if (!items.length) { container.textContent = "No data."; return; }
+  const max = Math.max(...items.map((i) => i.value), 1e-9);
+  const W = 760, row = 22, svg = frame(container, W, items.length * row + 6), x0 = 200;
+  items.forEach((item, i) => {
+    svg.appendChild(el("text", { x: 2, y: i * row + 15 }, item.label));
+    svg.appendChild(el("rect", { x: x0, y: i * row + 3, height: row - 6,
+      width: Math.max((item.value / max) * (W - x0 - 120), 1), fill: item.color || COLORS[i % COLORS.length],
+      "data-label": item.label, "data-value": item.raw }));
+    svg.appendChild(el("text", { x: W - 110, y: i * row + 15 }, item.text));
+  });
+}
+
+function setCard(id, text, raw) {
+  const node = $(id);
+  node.textContent = text;
+  node.dataset.value = raw;
+}
+
+async function loadCosts(f) {
+  const split = $("split").value;
+  const [bySplit, byDay, byTag] = await Promise.all([
+    api("/v1/reports/costs", { ...f, group_by: `day,${split}` }).then((r) => r.json()),
+    api("/v1/reports/costs", { ...f, group_by: "day" }).then((r) => r.json()),
+    api("/v1/reports/costs", { ...f, group_by: "tag" }).then((r) => r.json()),
+  ]);
+  const t = byDay.totals;
+  setCard("total-cost", money(t.cost_usd), t.cost_usd);
+  setCard("total-baseline", money(t.baseline_usd), t.baseline_usd);
+  setCard("total-savings", money(t.savings_usd), t.savings_usd);
+  setCard("total-requests", t.requests.toLocaleString("en-US"), t.requests);
+  setCard("total-unknown", t.unknown_price.toLocaleString("en-US"), t.unknown_price);
+  stackedBars($("chart-spend"), bySplit.rows, split);
+  lines($("chart-savings"), byDay.rows.map((r) => r.day), [
+    { name: "cost", values: byDay.rows.map((r) => Number(r.cost_usd)) },
+    { name: "baseline", values: byDay.rows.map((r) => Number(r.baseline_usd)), dashed: true },
+  ]);
+  const tags = byTag.rows.filter((r) => r.tag !== null)
+    .sort((a, b) => Number(b.cost_usd) - Number(a.cost_usd)).slice(0, 10);
+  hbars($("chart-tags"), tags.map((r) => ({ label: r.tag, value: Number(r.cost_usd), raw: r.cost_usd,
+    text: `${money(r.cost_usd)} · ${r.requests}` })));
+}
+
+async function loadWhatIf(f) {
+  const data = await (await api("/v1/reports/what-if", f)).json();
+  const items = data.scenarios.map((s) => ({
+    label: `${s.name.replace(/_/g, " ")}${s.model ? ` (${s.model})` : ""}`,
+    value: s.cost_usd === null ? 0 : Number(s.cost_usd), raw: s.cost_usd === null ? "" : s.cost_usd,
+    text: s.cost_usd === null ? "price unknown" : money(s.cost_usd),
+  }));
+  hbars($("chart-whatif"), items);
+}
+
+async function loadBudgets(f) {
+  const container = $("chart-budgets");
+  const data = await (await api("/v1/reports/budgets", { tenant: f.tenant })).json();
+  clear(container);
+  if (!data.budgets.length) { container.textContent = "No budgets configured."; return; }
+  hbars(container, data.budgets.map((b) => ({
+    label: `${b.tenant} · ${b.budget}${b.app ? ` app ${b.app}` : ""}${b.tag ? ` tag ${b.tag}` : ""}`,
+    value: Number(b.spent_usd) / Number(b.limit_usd), raw: b.spent_usd,
+    color: Number(b.spent_usd) >= Number(b.limit_usd) ? "#e15759" : "#59a14f",
+    text: `${money(b.spent_usd)} / ${money(b.limit_usd)}`,
+  })));
+  // Burn-down of the first tenant-wide budget: cumulative spend over its window vs the limit.
+  const wide = data.budgets.find((b) => !b.app && !b.tag);
+  if (!wide) return;
+  const from = wide.window_start.slice(0, 10);
+  const last = new Date(Date.parse(wide.window_end) - 86400000).toISOString().slice(0, 10);
+  const days = await (await api("/v1/reports/costs",
+    { from, to: last, tenant: wide.tenant, group_by: "day" })).json();
+  let sum = 0;
+  const cumulative = days.rows.map((r) => (sum += Number(r.cost_usd)));
+  const burn = document.createElement("div");
+  container.appendChild(burn);
+  lines(burn, days.rows.map((r) => r.day), [
+    { name: `${wide.tenant} · ${wide.budget}: spent`, values: cumulative },
+    { name: "limit", values: cumulative.map(() => Number(wide.limit_usd)), dashed: true, color: "#e15759" },
+  ]);
+}
+
+async function refresh() {
+  $("error").textContent = "";
+  const f = filters();
+  try {
+    await Promise.all([loadCosts(f), loadWhatIf(f), loadBudgets(f)]);
+    document.body.dataset.loaded = "true";
+  } catch (error) {
+    $("error").textContent = error.message;
+    if (error.status === 401) signOut();
+  }
+}
+
+async function downloadCsv() {
+  const f = filters();
+  const response = await api("/v1/reports/costs", { ...f, group_by: `day,${$("split").value}`, format: "csv" });
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(await response.blob());
+  link.download = `tiergate-costs-${f.tenant || "all"}-${f.from}-${f.to}.csv`;
+  link.click();
+  URL.revokeObjectURL(link.href);
+}
+
+async function signIn(key) {
+  state.key = key;
+  $("signin-error").textContent = "";
+  try {
+    const probe = await (await api("/v1/reports/costs", { group_by: "tenant", from: $("from").value })).json();
+    state.scoped = probe.tenant;
+  } catch (error) {
+    state.key = null;
+    $("signin-error").textContent = error.status === 401 || error.status === 403
+      ? "This key cannot read cost reports." : error.message;
+    return;
+  }
+  sessionStorage.setItem("tiergate-key", key);
+  $("signin").hidden = true;
+  $("app").hidden = false;
+  $("signout").hidden = false;
+  $("tenant-label").hidden = Boolean(state.scoped);
+  $("who").textContent = state.scoped ? `tenant ${state.scoped}` : "all tenants (finance/admin)";
+  await refresh();
+}
+
+function signOut() {
+  sessionStorage.removeItem("tiergate-key");
+  state.key = null;
+  $("app").hidden = true;
+  $("signin").hidden = false;
+  $("signout").hidden = true;
+  $("who").textContent = "";
+}
+
+function init() {
+  const today = new Date();
+  const start = new Date(today.getTime() - 29 * 86400000);
+  $("to").value = today.toISOString().slice(0, 10);
+  $("from").value = start.toISOString().slice(0, 10);
+  const params = new URLSearchParams(location.hash.slice(1));
+  for (const name of ["from", "to", "tenant"]) if (params.get(name)) $(name).value = params.get(name);
+  const key = params.get("key") || sessionStorage.getItem("tiergate-key");
+  if (params.get("key")) history.replaceState(null, "", location.pathname);  // keep keys out of history
+  $("signin-form").addEventListener("submit", (e) => { e.preventDefault(); signIn($("key").value); });
+  $("filters").addEventListener("submit", (e) => { e.preventDefault(); refresh(); });
+  $("split").addEventListener("change", refresh);
+  $("csv").addEventListener("click", downloadCsv);
+  $("signout").addEventListener("click", signOut);
+  if (key) signIn(key);
+}
+
+document.addEventListener("DOMContentLoaded", init);

@@ -1,0 +1,34 @@
+"""``/dashboard`` serves a self-contained page: no external resources, a strict CSP."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway.accounting.apps import app_settings, running_app
+
+
+@pytest.fixture
+async def client(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> AsyncIterator[httpx.AsyncClient]:
+    settings = app_settings(redis_url, key_prefix, tmp_path)
+    async with running_app(settings) as (_services, client):
+        yield client
+
+
+async def test_page_and_assets_are_local_only(client: httpx.AsyncClient) -> None:
+    page = await client.get("/dashboard")
+    assert page.status_code == 200
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert '<script src="/dashboard/app.js"' in page.text
+    for path in ("/dashboard/app.js", "/dashboard/app.css"):
+        asset = await client.get(path)
+        assert asset.status_code == 200
+        urls = set(re.findall(r"https?://[^\s\"'`)]+", asset.text))
+        assert urls <= {"http://www.w3.org/2000/svg"}, urls
+    assert "innerHTML" not in (await client.get("/dashboard/app.js")).text
