@@ -6,11 +6,19 @@ from collections.abc import Mapping, Sequence
 
 from gateway.limits.rate import TenantRates
 from gateway.queue.keys import RedisKeys
+from gateway.queue.load import metrics_url
 from gateway.queue.pool import Replica
 from gateway.queue.snapshot import TierQueue
 from gateway.settings import Settings
 
-__all__ = ["assign_slots", "rates", "tier_deployments", "tier_queues", "weights"]
+__all__ = [
+    "assign_slots",
+    "metrics_urls",
+    "rates",
+    "tier_deployments",
+    "tier_queues",
+    "weights",
+]
 
 
 def assign_slots(
@@ -20,6 +28,16 @@ def assign_slots(
     for dep in settings.deployments:
         for replica in replicas.get(dep.model, ()):
             replica.slot_key = keys.slots(dep.tier.value, replica.backend.name)
+
+
+def metrics_urls(settings: Settings) -> dict[str, str]:
+    """Each vLLM replica's ``/metrics`` URL, by its backend name (``model#i``)."""
+    return {
+        f"{dep.model}#{i}": metrics_url(rep.url)
+        for dep in settings.deployments
+        if dep.provider == "vllm"
+        for i, rep in enumerate(dep.replicas)
+    }
 
 
 def tier_deployments(settings: Settings) -> dict[str, list[str]]:

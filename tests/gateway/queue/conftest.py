@@ -88,7 +88,8 @@ async def start_sim() -> AsyncIterator[Callable[..., Awaitable[CountingSim]]]:
                 sim.served.append(request.headers.get("x-request-id", ""))
 
         app.middlewares.append(count)
-        runner = web.AppRunner(app)
+        # vLLM aborts a request whose client went away; handler cancellation does the same here.
+        runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
