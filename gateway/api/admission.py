@@ -11,7 +11,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from gateway.api.meta import RequestMeta
-from gateway.api.schemas import ChatCompletionRequest
+from gateway.api.schemas import ChatCompletionRequest, ChatMessage
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.settings import LimitsSettings
 from router.features import PromptFeatures
@@ -53,10 +53,24 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return f"{location or 'body'}: {first.get('msg', 'invalid value')}", location or None
 
 
+def _may_omit_content(message: ChatMessage) -> bool:
+    """Only an assistant message that calls tools (or a function) may have no content."""
+    extra = message.model_extra or {}
+    return message.role == "assistant" and bool(
+        extra.get("tool_calls") or extra.get("function_call")
+    )
+
+
 def _check_content(request: ChatCompletionRequest, limits: LimitsSettings) -> None:
     """Content parts and characters of text, across every message."""
     parts = chars = 0
-    for message in request.messages:
+    for i, message in enumerate(request.messages):
+        if message.content is None and not _may_omit_content(message):
+            # OpenAI's rule; litellm also fails on it in a way that looks like a broken backend.
+            raise InvalidRequest(
+                f"messages.{i}.content is required for role {message.role!r}",
+                param=f"messages.{i}.content",
+            )
         chars += len(message.name or "")
         if isinstance(message.content, str):
             chars += len(message.content)

@@ -61,6 +61,16 @@ CASES: list[tuple[str, bytes, int, str]] = [
     ("wrong types", orjson.dumps(_chat(messages="hi")), 400, "invalid_request"),
     ("no messages", orjson.dumps(_chat(messages=[])), 400, "invalid_request"),
     ("n", orjson.dumps(_chat(n=3)), 400, "invalid_request"),
+    # found by the fuzzer: litellm turned this into a "connection error" (502, breaker opened)
+    ("no content", orjson.dumps(_chat(messages=[{"role": "developer"}])), 400, ""),
+    (
+        "assistant without content or tools",
+        orjson.dumps(
+            _user("hi") | {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}
+        ),
+        400,
+        "",
+    ),
 ]
 
 
