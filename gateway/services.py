@@ -48,9 +48,17 @@ from gateway.queue.connection import redis_client
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.executor import Executor
 from gateway.queue.keys import RedisKeys
+from gateway.queue.load import LoadScraper
 from gateway.queue.pool import BackendPool, Replica
 from gateway.queue.replies import ReplyRouter
-from gateway.queue.setup import assign_slots, rates, tier_deployments, tier_queues, weights
+from gateway.queue.setup import (
+    assign_slots,
+    metrics_urls,
+    rates,
+    tier_deployments,
+    tier_queues,
+    weights,
+)
 from gateway.queue.snapshot import QueueSnapshot
 from gateway.queue.worker import Worker
 from gateway.rules.edge import RulesRuntime
@@ -282,10 +290,14 @@ async def open_services(
                 dep.model: _make_backends(dep, session, fallback) for dep in settings.deployments
             }
             assign_slots(replicas, settings, redis_keys)
+            load = LoadScraper(session, metrics_urls(settings))
+            load.start()
+            stack.push_async_callback(load.aclose)
             pool = BackendPool(
                 replicas,
                 leases=SlotLeases(redis, lease_ms=int(settings.queue.slot_lease_s * 1000)),
                 owner=f"w-{edge_id}",
+                chooser=load.rank,
             )
             pool.start()
             stack.push_async_callback(pool.aclose)
