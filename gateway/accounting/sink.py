@@ -1,4 +1,9 @@
-"""The ledger sink: drains the ledger event stream into SQL (at least once in, once out)."""
+"""The ledger sink: drains the ledger event stream into SQL (at least once in, once out).
+
+Each sink process reads as its own consumer of the group and acknowledges a batch only after it
+is committed. A sink that dies leaves its read-but-unacknowledged events pending under its
+name; every sink claims such events once they have been idle ``claim_idle_ms`` (``XAUTOCLAIM``)
+and books them, so a crashed sink loses nothing, and the idempotent ledger books nothing twice."""
 
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ class LedgerSink:
         group: str,
         consumer: str,
         ledger: Ledger,
+        claim_idle_ms: int = 30_000,
     ) -> None:
         self._redis = redis
         self._blocking = blocking_redis
@@ -36,6 +42,7 @@ class LedgerSink:
         self._group = group
         self._consumer = consumer
         self._ledger = ledger
+        self._claim_idle_ms = claim_idle_ms
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -67,7 +74,7 @@ class LedgerSink:
                 written += await self._write(entries)
                 if start == "0":
                     break
-        return written
+        return written + await self._claim_abandoned()
 
     async def _ensure_group(self) -> None:
         try:
@@ -89,15 +96,33 @@ class LedgerSink:
                 entries = stream_entries(response)
                 if pending_first and not entries:
                     pending_first = False
+                    await self._claim_abandoned()
                     continue
                 if entries:
                     await self._write(entries)
+                else:
+                    await self._claim_abandoned()
                 backoff = 0.1
             except (RedisError, OSError, SQLAlchemyError) as exc:
                 log.warning("ledger sink paused: %s", type(exc).__name__)
                 pending_first = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    async def _claim_abandoned(self) -> int:
+        """Book events another (dead) consumer read but never acknowledged."""
+        written = 0
+        start = "0-0"
+        while True:
+            reply = await self._redis.xautoclaim(
+                self._stream, self._group, self._consumer, self._claim_idle_ms, start, count=256
+            )
+            start = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+            entries = [(eid, fields) for eid, fields in reply[1] if fields]
+            if entries:
+                written += await self._write(entries)
+            if start == "0-0" or not reply[1]:
+                return written
 
     async def _write(self, entries: list[StreamEntry]) -> int:
         """Book a batch in one transaction, then acknowledge it. A replayed entry is not booked
