@@ -245,6 +245,8 @@ class Worker:
             except (KeyError, ValueError, TypeError) as exc:
                 log.error("dropping malformed job %s: %s", taken.entry_id, exc)
                 return
+            if not reclaimed and self._cannot_finish(taken.tier, job):
+                return  # left to the edge, which answers 504 at the deadline
             owner = await self._own(job, reclaimed)
             if owner != "mine":
                 ack = owner == "edge"  # "alive": its worker lives (slow renewal), leave it
@@ -276,6 +278,12 @@ class Worker:
             if ack:
                 with contextlib.suppress(RedisError, OSError):
                     await self._lanes.ack(taken)
+
+    def _cannot_finish(self, tier: str, job: Job) -> bool:
+        """Whether the time left is under the tier's typical job time: starting it would hold a
+        slot only to time out, while work that can finish waits."""
+        typical = self._service_s.get(tier)
+        return typical is not None and job.deadline - time.time() < typical
 
     async def _note_service_time(self, tier: str, seconds: float) -> None:
         """A moving average of backend time per job, published for expected-wait estimates."""

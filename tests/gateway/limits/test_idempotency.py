@@ -47,7 +47,10 @@ async def test_a_repeat_gets_the_first_answer_and_runs_nothing(
             await e.replies.aclose()
     assert a[0].kind == b[0].kind == c[0].kind == late.kind == "result"
     assert b[0].data == a[0].data == late.data  # the same answer
-    assert b[0].meta.get("replayed") is True
+    # whichever claimed the key first ran; the other one is the replay
+    assert sorted(bool(x[0].meta.get("replayed")) for x in (a, b)) == [False, True]
+    assert late.meta.get("replayed") is True
     assert c[0].data != a[0].data
     assert len(sim.served) == 2  # k-1 once, k-2 once
-    assert sorted(e.request_id for e in booked.entries) == ["r1", "r3"]
+    booked_ids = sorted(e.request_id for e in booked.entries)
+    assert booked_ids in (["r1", "r3"], ["r2", "r3"])
