@@ -15,7 +15,6 @@ cost exactly. A day without tokens keeps its whole cost on tenant ``''`` (idle, 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import to_micro
 from gateway.accounting.reports import sum_columns
 from gateway.accounting.schema import gpu_trueup, ledger_daily, ledger_entries
+from gateway.tasks import stop_task
 
 __all__ = [
     "ROLLUP_COLUMNS",
@@ -212,9 +212,7 @@ class RollupJob:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def run_once(self, now: datetime | None = None) -> Sequence[RollupResult]:

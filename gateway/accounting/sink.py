@@ -18,6 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.accounting.events import decode_entry
 from gateway.accounting.records import Ledger, LedgerEntry
 from gateway.queue.streams import StreamEntry, stream_entries
+from gateway.tasks import stop_task
 
 __all__ = ["LedgerSink"]
 
@@ -54,9 +55,7 @@ class LedgerSink:
             # Give in-flight entries a moment to land before stopping.
             with contextlib.suppress(RedisError, OSError, SQLAlchemyError):
                 await asyncio.wait_for(self.drain(), timeout=5)
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def drain(self) -> int:

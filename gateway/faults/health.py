@@ -10,13 +10,13 @@ their plans; when a worker runs one, the open breaker makes it skip the drained 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 
 import aiohttp
 
 from gateway.faults.breaker import RedisBreaker
+from gateway.tasks import stop_task
 
 __all__ = ["HealthProbe", "health_url"]
 
@@ -78,7 +78,5 @@ class HealthProbe:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None

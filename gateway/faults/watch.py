@@ -9,13 +9,13 @@ what all processes did, not only this one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
 from gateway.faults.breaker import BreakerState, RedisBreaker
+from gateway.tasks import stop_task
 
 __all__ = ["BreakerWatch"]
 
@@ -65,7 +65,5 @@ class BreakerWatch:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None

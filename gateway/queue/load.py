@@ -12,7 +12,6 @@ orders a deployment's replicas for the pool: replicas whose last good scrape is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.queue.pool import Replica
+from gateway.tasks import stop_task
 
 __all__ = ["LoadScraper", "ReplicaLoad", "metrics_url", "parse_load"]
 
@@ -125,7 +125,5 @@ class LoadScraper:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None

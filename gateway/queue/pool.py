@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from backends.errors import BackendUnavailable
 from backends.protocol import Backend
 from gateway.queue.capacity import SlotLeases
+from gateway.tasks import stop_task
 
 __all__ = ["BackendPool", "Chooser", "Replica", "Reservation"]
 
@@ -206,9 +207,7 @@ class BackendPool:
 
     async def aclose(self) -> None:
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await stop_task(self._renewer)
             self._renewer = None
         backends = [r.backend for group in self._replicas.values() for r in group]
         await asyncio.gather(*(b.aclose() for b in backends), return_exceptions=True)

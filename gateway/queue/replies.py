@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from gateway.errors import ServiceUnavailable
 from gateway.queue.jobs import Reply
 from gateway.queue.streams import stream_entries
+from gateway.tasks import stop_task
 
 __all__ = ["ReplyRouter"]
 
@@ -49,9 +50,7 @@ class ReplyRouter:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         with contextlib.suppress(RedisError, OSError):
             await self._redis.delete(self._key)

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.keys import LANES, RedisKeys
+from gateway.tasks import stop_task
 from router.catalog import Tier
 
 __all__ = ["QueueSnapshot", "TierQueue", "TierView"]
@@ -112,9 +113,7 @@ class QueueSnapshot:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def _run(self) -> None:

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.rules.store import GLOBAL, RuleVersion, SqlRuleStore
+from gateway.tasks import stop_task
 from router.catalog import Catalog
 from router.rules import RuleSet, RulesInvalid, parse_rules
 
@@ -143,9 +144,7 @@ class RuleRegistry:
     async def aclose(self) -> None:
         self._closing = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def _run(self) -> None:

@@ -7,7 +7,9 @@ version of a tenant is what runs; a deleted one (``source`` ``None``) means no r
 
 from __future__ import annotations
 
+import asyncio
 import difflib
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,7 +26,7 @@ __all__ = ["GLOBAL", "RuleVersion", "SqlRuleStore"]
 
 GLOBAL = "_global"
 """The pseudo-tenant whose rules apply to every tenant after its own."""
-_ATTEMPTS = 5
+_ATTEMPTS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +154,8 @@ class SqlRuleStore:
             except IntegrityError:
                 if attempt == _ATTEMPTS - 1:
                     raise
+                # Another writer took this number: back off a little (jittered) and retry.
+                await asyncio.sleep(random.uniform(0, 0.005 * (attempt + 1)))
         raise AssertionError("unreachable")
 
     @staticmethod
