@@ -209,9 +209,7 @@ class Executor:
         for deployment, bypass in self._passes(run):
             if time.time() >= job.deadline:
                 break
-            if broke is not None and not self._may_continue(
-                job.body, delivered, previous, deployment
-            ):
+            if broke is not None and not self._may_continue(job, delivered, previous, deployment):
                 continue
             if not bypass and not await self._allowed(run, deployment):
                 continue
@@ -315,16 +313,18 @@ class Executor:
         return backend.stream(self._request(job, body, deployment, started, tier))
 
     def _may_continue(
-        self, body: Mapping[str, Any], delivered: Delivered, previous: str | None, deployment: str
+        self, job: Job, delivered: Delivered, previous: str | None, deployment: str
     ) -> bool:
         if delivered.tool_calls:
             return False
         if not delivered.content:
             return True  # only the opening chunk went out: a fresh answer is still one answer
         providers = [self._provider(previous), self._provider(deployment)]
+        # A rule's continuation action wins over the configured default.
+        allowed = self._continuation if job.plan.continuation is None else job.plan.continuation
         return can_continue(
-            enabled=self._continuation,
-            body=body,
+            enabled=allowed,
+            body=job.body,
             delivered=delivered,
             providers=providers,
         )

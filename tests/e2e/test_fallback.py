@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import redis
@@ -378,6 +379,36 @@ async def test_broken_stream_that_cannot_continue_ends_with_an_error_event(
     row = await entry(fstack, request_id)
     assert row.outcome == "stream_error"
     assert outcomes(row)[0][0] == EXTERNAL and len(row.attempts) == 1
+
+
+async def test_rule_forbidding_continuation_ends_the_stream_instead(fstack: FaultStack) -> None:
+    """The same cut that is continued by default ends with the error event when the tenant's
+    rule says ``continuation: false``."""
+    admin = {"authorization": f"Bearer {TEST_KEYS['TIERGATE_ADMIN_KEY']}"}
+    rules = "rules:\n  - id: no-continue\n    when: {}\n    then: {continuation: false}\n"
+    async with httpx.AsyncClient(base_url=fstack.base_url, headers=admin, timeout=10) as http:
+        put = await http.put("/v1/rules/acme", content=rules)
+        assert put.status_code == 200, put.text
+        try:
+            await asyncio.sleep(1.0)  # hot reload reaches the worker within a second
+            await reference(fstack)
+            fstack.faults(SMALL, cut_after_tokens=40)
+            async with api(fstack) as client:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="small", messages=messages(), max_tokens=300, stream=True
+                )
+                assert raw.headers["x-tiergate-rule"] == "rule:no-continue"
+                request_id = raw.headers["x-request-id"]
+                finishes = []
+                with pytest.raises(openai.APIError):
+                    async for chunk in raw.parse():
+                        finishes.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
+            assert finishes == ["error"]
+            row = await entry(fstack, request_id)
+            assert row.outcome == "stream_error" and row.rule == "rule:no-continue"
+            assert [d for d, _ in outcomes(row)] == [SMALL]
+        finally:
+            assert (await http.delete("/v1/rules/acme")).status_code == 200
 
 
 async def test_malformed_chunk_is_a_failed_attempt_not_garbage(fstack: FaultStack) -> None:
