@@ -117,34 +117,26 @@ def _money(amount: Decimal | None) -> str:
 
 def _print(console: Console, results: list[_Result], entries: dict[str, LedgerEntry]) -> None:
     table = Table(title="tiergate demo: one row per request", show_lines=False)
-    for column in (
-        "tenant",
-        "prompt",
-        "stream",
-        "tier",
-        "why",
-        "model",
-        "tokens in/out",
-        "cost",
-        "latency",
-    ):
-        table.add_column(column, no_wrap=True, overflow="ellipsis")
+    widths = {"tenant": 7, "prompt": 34, "stream": 6, "tier": 8, "why": 24, "model": 26,
+              "tokens in/out": 13, "cost": 9, "latency": 8}  # fmt: skip
+    for column, width in widths.items():
+        table.add_column(column, no_wrap=True, overflow="ellipsis", min_width=width)
     for result in results:
         entry = entries.get(result.request_id)
         prompt = result.request.prompt.replace("\n", " ")
         why = result.rule
         if entry is not None and entry.score is not None:
-            why = f"{result.rule} (score {entry.score:.2f})"
+            why = f"{result.rule} {entry.score:.2f}"
         table.add_row(
             result.request.tenant,
-            prompt[:40] + ("…" if len(prompt) > 40 else ""),
+            prompt[:33] + ("…" if len(prompt) > 33 else ""),
             "yes" if result.request.stream else "no",
             result.tier,
             result.error or why,
             result.model,
             f"{entry.prompt_tokens}/{entry.completion_tokens}" if entry else "-",
             _money(entry.cost_usd) if entry else "-",
-            f"{result.latency_ms:.0f} ms",
+            f"{result.latency_ms / 1000:.2f} s",
         )
     console.print(table)
 
@@ -177,7 +169,7 @@ def demo(
 ) -> None:
     """Start simulators, Redis and the gateway; send mixed traffic; print the cost table; stop."""
     probe = Console()
-    console = probe if probe.is_terminal else Console(width=160)
+    console = probe if probe.is_terminal else Console(width=170)
     run_dir = Path("var") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     database_url = f"sqlite+aiosqlite:///{run_dir / 'ledger.db'}"
