@@ -528,6 +528,40 @@ async def test_flapping_primary_opens_the_breaker_then_recovers(fstack: FaultSta
     assert breaker_state(fstack, SMALL) == 0
 
 
+async def test_rule_on_an_open_circuit_fires_on_real_requests(fstack: FaultStack) -> None:
+    """The rule condition ``circuit_open`` sees the live breaker state (issue 9)."""
+    admin = {"authorization": f"Bearer {TEST_KEYS['TIERGATE_ADMIN_KEY']}"}
+    rules = (
+        "rules:\n  - id: small-down\n"
+        f"    when: {{circuit_open: [{SMALL}]}}\n"
+        "    then: {tier: external}\n"
+    )
+    async with httpx.AsyncClient(base_url=fstack.base_url, headers=admin, timeout=10) as http:
+        assert (await http.put("/v1/rules/acme", content=rules)).status_code == 200
+        try:
+            await asyncio.sleep(1.0)
+            closed = await ask(fstack, "auto", stream=False)
+            assert closed.model != EXTERNAL  # breaker closed: the rule does not fire
+            fstack.faults(SMALL, flap=True, error_status=503)
+            for _ in range(12):
+                await ask(fstack, "small", stream=False)
+                if breaker_state(fstack, SMALL) == 2:
+                    break
+            assert breaker_state(fstack, SMALL) == 2
+            await asyncio.sleep(1.5)  # the edge's breaker view refreshes every second
+            async with api(fstack) as client:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="auto", messages=messages("What is the capital of France?")
+                )
+            assert raw.headers["x-tiergate-rule"] == "rule:small-down"
+            assert raw.headers["x-tiergate-tier"] == "external"
+            row = await entry(fstack, raw.headers["x-request-id"])
+            assert row.rule == "rule:small-down" and row.deployment == EXTERNAL
+        finally:
+            fstack.faults(SMALL)
+            assert (await http.delete("/v1/rules/acme")).status_code == 200
+
+
 # -- everything down --------------------------------------------------------------------------
 
 
