@@ -211,12 +211,12 @@ def _litellm_retry_after(exc: Exception) -> float | None:
 
 
 def _transport_cause(exc: BaseException, httpx: ModuleType) -> BaseException | None:
-    """The first httpx or aiohttp transport error in ``exc``'s cause chain, if any."""
+    """The first transport error (httpx, aiohttp or the OS) in ``exc``'s cause chain, if any."""
     seen: BaseException | None = exc
     for _ in range(10):
         if seen is None:
             return None
-        if isinstance(seen, httpx.TransportError | aiohttp.ClientConnectionError):
+        if isinstance(seen, httpx.TransportError | aiohttp.ClientConnectionError | OSError):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
@@ -249,9 +249,19 @@ def error_from_litellm(
     transport = _transport_cause(exc, httpx)
     if isinstance(exc, litellm_errors.Timeout) or isinstance(transport, httpx.TimeoutException):
         return BackendTimeout(message, backend=backend)
-    if isinstance(exc, litellm_errors.APIConnectionError) or transport is not None:
+    if transport is not None:
         cls = BackendStreamCut if stream_started else BackendConnectError
         return cls(message, backend=backend)
+    if isinstance(exc, litellm_errors.APIConnectionError):
+        if stream_started:
+            return BackendStreamCut(message, backend=backend)
+        # litellm also raises APIConnectionError when it cannot build or read a request (e.g.
+        # a KeyError on a field it expected): with no transport error underneath, the request
+        # is what failed. Retrying it elsewhere, and counting it against the provider's
+        # breaker, would punish every tenant for one bad request.
+        return BackendRejected(
+            f"the provider client refused the request: {message}", backend=backend
+        )
     if isinstance(exc, litellm_errors.ContextWindowExceededError):
         return ContextLengthExceeded(message, backend=backend, status=400)
     status = getattr(exc, "status_code", None)

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.dml import Insert
 
-from gateway.accounting.migrate import upgrade
+from gateway.accounting.migrate import sqlite_migration_lock, upgrade
 from gateway.accounting.records import Attempt, LedgerEntry
 from gateway.accounting.schema import ledger_entries
 
@@ -172,7 +172,8 @@ class SqlLedger:
     async def migrate(self) -> None:
         """Upgrade the schema to the newest Alembic revision (idempotent, safe from several
         processes; a pre-Alembic database is stamped first)."""
-        async with self._engine.begin() as conn:
+        database = self._engine.url.database if self.dialect == "sqlite" else None
+        async with sqlite_migration_lock(database), self._engine.begin() as conn:
             await upgrade(conn)
 
     async def record(self, entry: LedgerEntry) -> bool:

@@ -9,6 +9,10 @@ revision, which is exactly that schema, and then upgraded. Alembic's version tab
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from alembic import command
@@ -18,7 +22,14 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = ["INITIAL_REVISION", "VERSION_TABLE", "current_revision", "head_revision", "upgrade"]
+__all__ = [
+    "INITIAL_REVISION",
+    "VERSION_TABLE",
+    "current_revision",
+    "head_revision",
+    "sqlite_migration_lock",
+    "upgrade",
+]
 
 VERSION_TABLE = "tiergate_ledger_version"
 INITIAL_REVISION = "0001"
@@ -58,6 +69,24 @@ async def upgrade(conn: AsyncConnection) -> None:
     if conn.dialect.name == "postgresql":
         await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
     await conn.run_sync(_upgrade)
+
+
+@contextlib.asynccontextmanager
+async def sqlite_migration_lock(database: str | None) -> AsyncIterator[None]:
+    """Serialise migrations of one SQLite file across processes (an exclusive ``flock`` on a
+    file beside it). SQLite's own locking starts only at the first write, after Alembic has
+    already inspected the schema, so processes starting together could both try to create it."""
+    if not database or database == ":memory:":
+        yield
+        return
+    lock_path = Path(database).with_name(Path(database).name + ".migrate-lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a+b") as handle:
+        await asyncio.to_thread(fcntl.flock, handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 async def current_revision(conn: AsyncConnection) -> str | None:

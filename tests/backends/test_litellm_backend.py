@@ -344,6 +344,11 @@ def _response(status: int, **headers: str) -> httpx.Response:
     return httpx.Response(status, headers=headers, request=httpx.Request("POST", "http://x/v1"))
 
 
+def _caused(exc: Exception, cause: BaseException) -> Exception:
+    exc.__cause__ = cause
+    return exc
+
+
 def _kw() -> dict[str, Any]:
     return {"model": "m", "llm_provider": "openai"}
 
@@ -352,7 +357,16 @@ def _kw() -> dict[str, Any]:
     ("make_exc", "started", "cls"),
     [
         (lambda: litellm.Timeout("slow", **_kw()), False, BackendTimeout),
-        (lambda: litellm.APIConnectionError("refused", **_kw()), False, BackendConnectError),
+        (
+            lambda: _caused(
+                litellm.APIConnectionError("refused", **_kw()), ConnectionRefusedError()
+            ),
+            False,
+            BackendConnectError,
+        ),
+        # litellm's own failure on a request it cannot build ("OpenAIException - 'content'"):
+        # nothing underneath is a transport error, so the request is what failed
+        (lambda: litellm.APIConnectionError("'content'", **_kw()), False, BackendRejected),
         (lambda: litellm.APIConnectionError("reset", **_kw()), True, BackendStreamCut),
         (
             lambda: litellm.RateLimitError(
