@@ -154,7 +154,9 @@ async def test_two_edges_two_workers_one_killed(cluster: dict[str, object]) -> N
     assert Counter(statuses.values()) == Counter({200: REQUESTS}), statuses
     assert 1 <= peak <= CAPACITY
     assert time.monotonic() - started < 120
-    assert "reclaiming job" in workers[1].output()  # the kill did orphan jobs, and they were run
+    # Whether the kill caught jobs in flight depends on timing (on a loaded CI machine the
+    # survivor may hold them all); reclaiming an orphan is asserted deterministically by
+    # tests/gateway/queue/test_recovery.py. Here: whatever the kill hit, nothing was lost.
     for request_id in statuses:
         entry = await wait_entry(str(cluster["database_url"]), request_id, timeout_s=30)
         assert entry.outcome == "ok"
