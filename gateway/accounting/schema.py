@@ -29,12 +29,12 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.types import TypeDecorator
+
+from gateway.sqlschema import create_missing_tables
 
 __all__ = [
     "SCHEMA_LOCK_KEY",
@@ -150,13 +150,4 @@ gpu_trueup = Table(
 
 async def create_schema(conn: AsyncConnection) -> None:
     """Create every table and index that is missing; safe to run from several processes at once."""
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
-    for table in metadata.sorted_tables:
-        await conn.execute(CreateTable(table, if_not_exists=True))
-        for index in sorted(table.indexes, key=_index_name):
-            await conn.execute(CreateIndex(index, if_not_exists=True))
-
-
-def _index_name(index: Index) -> str:
-    return str(index.name)
+    await create_missing_tables(conn, metadata, SCHEMA_LOCK_KEY)

@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Column, Index, MetaData, String, Table, text
+from sqlalchemy import JSON, Column, Index, MetaData, String, Table
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.schema import CreateIndex, CreateTable
 
 from gateway.accounting.schema import SCHEMA_LOCK_KEY, UTCDateTime
+from gateway.sqlschema import create_missing_tables
 
 __all__ = ["api_keys", "create_auth_schema", "tenants"]
 
@@ -48,9 +48,4 @@ api_keys = Table(
 
 async def create_auth_schema(conn: AsyncConnection) -> None:
     """Create the missing tables and indexes; safe from several processes at once."""
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _AUTH_LOCK_KEY})
-    for table in metadata.sorted_tables:
-        await conn.execute(CreateTable(table, if_not_exists=True))
-        for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            await conn.execute(CreateIndex(index, if_not_exists=True))
+    await create_missing_tables(conn, metadata, _AUTH_LOCK_KEY)

@@ -5,7 +5,12 @@ from __future__ import annotations
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, Text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.accounting.schema import SCHEMA_LOCK_KEY
+from gateway.sqlschema import create_missing_tables
+
 __all__ = ["create_rules_schema", "rule_versions"]
+
+_RULES_LOCK_KEY = SCHEMA_LOCK_KEY + 2
 
 metadata = MetaData()
 
@@ -24,5 +29,6 @@ rule_versions = Table(
 
 
 async def create_rules_schema(engine: AsyncEngine) -> None:
+    """Create the rule tables if missing; safe from several processes at once."""
     async with engine.begin() as conn:
-        await conn.run_sync(metadata.create_all)
+        await create_missing_tables(conn, metadata, _RULES_LOCK_KEY)
