@@ -248,18 +248,6 @@ async def open_services(
         snapshot = QueueSnapshot(redis, redis_keys, tier_queues(settings, redis_keys))
         snapshot.start()
         stack.push_async_callback(snapshot.aclose)
-        dispatcher = Dispatcher(
-            redis,
-            redis_keys,
-            replies,
-            max_depth=settings.queue.max_depth,
-            claim_ttl_s=claim_ttl,
-            tier_max_depth=settings.queue.tier_max_depth,
-            weights=weights(settings),
-            expected_wait=snapshot.expected_wait,
-            idempotency=idempotency,
-        )
-
         breaker = make_breaker(
             settings.fallback, redis, settings.redis.key_prefix, metrics.set_breaker
         )
@@ -325,6 +313,7 @@ async def open_services(
                 tiers=tier_deployments(settings),
                 batch_headroom=settings.queue.batch_headroom,
                 idempotency=idempotency,
+                weights=weights(settings),
             )
             sink = LedgerSink(
                 redis=redis,
@@ -341,6 +330,18 @@ async def open_services(
             stack.push_async_callback(rollups.aclose)
             worker.start()
             stack.push_async_callback(worker.aclose)
+        dispatcher = Dispatcher(
+            redis,
+            redis_keys,
+            replies,
+            max_depth=settings.queue.max_depth,
+            claim_ttl_s=claim_ttl,
+            tier_max_depth=settings.queue.tier_max_depth,
+            weights=weights(settings),
+            expected_wait=snapshot.expected_wait,
+            idempotency=idempotency,
+            local=worker if settings.queue.direct_start else None,
+        )
 
         yield Services(
             settings=settings,

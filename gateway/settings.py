@@ -177,6 +177,9 @@ class QueueSettings(_Strict):
     slot_lease_s: float = Field(default=30.0, gt=1.0)
     """Lifetime of a replica slot lease; held ones are renewed, a dead process's expire."""
     workers_per_process: int = Field(default=1, ge=0)
+    direct_start: bool = True
+    """A job that would be taken at once, with a free slot, starts in the edge's own worker
+    without waiting in a stream (docs/queue.md, "Direct start")."""
 
 
 class LimitsSettings(_Strict):
@@ -239,6 +242,10 @@ class BreakerSettings(_Strict):
     open_s: float = Field(default=5.0, gt=0)
     """How long an open breaker skips the deployment before a half-open probe."""
     probe_timeout_s: float = Field(default=10.0, gt=0)
+    closed_view_s: float = Field(default=0.25, ge=0, le=5)
+    """How long a process trusts its last check that found a breaker closed (calls and
+    successes skip Redis meanwhile; a breaker opened elsewhere is seen within this). 0: always
+    ask Redis."""
     health_interval_s: float = Field(default=1.0, ge=0)
     """Workers check each vLLM replica's ``/health`` this often; a deployment whose replicas
     all fail is drained (breaker opened at once). 0 disables."""

@@ -24,6 +24,9 @@ __all__ = ["LedgerSink"]
 
 log = logging.getLogger(__name__)
 
+_BATCH = 256
+"""Most events written in one transaction."""
+
 
 class LedgerSink:
     def __init__(
@@ -36,7 +39,11 @@ class LedgerSink:
         consumer: str,
         ledger: Ledger,
         claim_idle_ms: int = 30_000,
+        linger_s: float = 0.1,
     ) -> None:
+        """``linger_s``: after the first event of a batch arrives, how long to wait for more
+        before writing (one SQL transaction per batch, not per request; the events are safe in
+        the stream meanwhile)."""
         self._redis = redis
         self._blocking = blocking_redis
         self._stream = stream
@@ -44,6 +51,7 @@ class LedgerSink:
         self._consumer = consumer
         self._ledger = ledger
         self._claim_idle_ms = claim_idle_ms
+        self._linger_s = linger_s
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -65,7 +73,7 @@ class LedgerSink:
         for start in ("0", ">"):
             while True:
                 response = await self._redis.xreadgroup(
-                    self._group, self._consumer, {self._stream: start}, count=256
+                    self._group, self._consumer, {self._stream: start}, count=_BATCH
                 )
                 entries = stream_entries(response)
                 if not entries:
@@ -87,10 +95,11 @@ class LedgerSink:
         pending_first = True
         while True:
             try:
-                await self._ensure_group()
+                if pending_first:
+                    await self._ensure_group()
                 start = "0" if pending_first else ">"
                 response = await self._blocking.xreadgroup(
-                    self._group, self._consumer, {self._stream: start}, count=256, block=1000
+                    self._group, self._consumer, {self._stream: start}, count=_BATCH, block=1000
                 )
                 entries = stream_entries(response)
                 if pending_first and not entries:
@@ -98,6 +107,8 @@ class LedgerSink:
                     await self._claim_abandoned()
                     continue
                 if entries:
+                    if not pending_first:
+                        entries += await self._more(len(entries))
                     await self._write(entries)
                 else:
                     await self._claim_abandoned()
@@ -108,13 +119,23 @@ class LedgerSink:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
+    async def _more(self, have: int) -> list[StreamEntry]:
+        """What else arrives within the linger time, up to a full batch."""
+        if have >= _BATCH or self._linger_s <= 0:
+            return []
+        await asyncio.sleep(self._linger_s)
+        response = await self._redis.xreadgroup(
+            self._group, self._consumer, {self._stream: ">"}, count=_BATCH - have
+        )
+        return stream_entries(response)
+
     async def _claim_abandoned(self) -> int:
         """Book events another (dead) consumer read but never acknowledged."""
         written = 0
         start = "0-0"
         while True:
             reply = await self._redis.xautoclaim(
-                self._stream, self._group, self._consumer, self._claim_idle_ms, start, count=256
+                self._stream, self._group, self._consumer, self._claim_idle_ms, start, count=_BATCH
             )
             start = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
             entries = [(eid, fields) for eid, fields in reply[1] if fields]

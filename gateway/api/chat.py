@@ -16,6 +16,7 @@ from gateway.api.openapi import chat_request_openapi
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
 from gateway.api.routing import plan_request
 from gateway.api.stream_idle import idle_limited
+from gateway.api.timing import StageClock
 from gateway.auth.access import AUTHENTICATED, access
 from gateway.auth.directory import prompts_loggable, tenant_priority
 from gateway.auth.principals import Principal
@@ -48,6 +49,7 @@ async def chat_completions(
     request: Request, services: ServicesDep, principal: Annotated[Principal, access(AUTHENTICATED)]
 ) -> Response:
     started = time.perf_counter()
+    clock = StageClock(started, auth_s=getattr(request.state, "auth_s", 0.0))
     received_at = time.time()
     request_id = new_request_id()
     request.state.request_id = request_id
@@ -63,11 +65,13 @@ async def chat_completions(
         admitted = admit(raw, dict(request.headers), services.settings.limits)
         requested_model = admitted.request.model
         stream = admitted.request.stream
+        clock.lap("parse")
         routed_at = time.perf_counter()
         inputs = await rule_inputs(services.rules, tenant, admitted)
         plan = plan_request(services, tenant, admitted, inputs)
         await hold_conversation(services.rules, tenant, inputs, plan)
         observe_plan(services, tenant, plan, time.perf_counter() - routed_at)
+        clock.lap("route")
         timeout_ms = min(
             admitted.meta.timeout_ms or services.settings.queue.default_timeout_ms,
             services.settings.queue.max_timeout_ms,
@@ -97,8 +101,10 @@ async def chat_completions(
             await services.budgets.reserve_job(
                 job, admitted.features.estimated_prompt_tokens, admitted.max_tokens
             )
+        clock.lap("limits")
         replies = await services.dispatcher.submit(job)
         first = await anext(replies)
+        clock.lap("wait")
         ctx = RelayContext(
             services,
             request_id=request_id,
@@ -110,6 +116,7 @@ async def chat_completions(
             prompt=admitted.body.get("messages")
             if prompts_loggable(services.settings, services.policies, tenant)
             else None,
+            clock=clock,
         )
         if stream:
             idle_s = services.settings.limits.sse_idle_s

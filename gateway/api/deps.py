@@ -13,14 +13,19 @@ from gateway.services import Services
 __all__ = ["ServicesDep", "authenticate", "get_services"]
 
 
-def get_services(request: Request) -> Services:
+def _services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
 
+async def get_services(request: Request) -> Services:
+    # async: FastAPI runs a plain ``def`` dependency in a worker thread, a hop per request.
+    return _services(request)
+
+
 def authenticate(request: Request) -> Principal:
     """The caller's principal from ``Authorization: Bearer <key>`` (or ``api-key``)."""
-    services = get_services(request)
+    services = _services(request)
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():

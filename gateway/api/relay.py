@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
+from gateway.api.timing import StageClock
 from gateway.errors import DeadlineExceeded, GatewayError, ServiceUnavailable, UpstreamFailed
 from gateway.observability.logging import log_request
 from gateway.queue.jobs import Reply
@@ -34,6 +35,7 @@ class RelayContext:
         tenant: str = "",
         planned: str | None = None,
         prompt: Any = None,
+        clock: StageClock | None = None,
     ) -> None:
         self.services = services
         self.request_id = request_id
@@ -45,6 +47,8 @@ class RelayContext:
         """The plan's first deployment (serving another one is a fallback)."""
         self.prompt = prompt
         """Logged with the access line only when ``logging.log_prompts`` is on."""
+        self.clock = clock
+        """Stage times for a non-streamed response's ``Server-Timing`` header."""
 
     def headers(self, meta: Mapping[str, Any]) -> dict[str, str]:
         headers = {
@@ -152,6 +156,8 @@ def json_response(ctx: RelayContext, reply: Reply) -> Response:
     cost = meta.get("cost_usd")
     headers["x-tiergate-cost-usd"] = "unknown" if cost is None else str(cost)
     headers["x-tiergate-overhead-ms"] = f"{ctx.overhead_ms(meta):.3f}"
+    if ctx.clock is not None:
+        headers["server-timing"] = ctx.clock.header(meta)
     ctx.observe(meta, "ok", stream=False)
     return Response(orjson.dumps(reply.data), media_type="application/json", headers=headers)
 

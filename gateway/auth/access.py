@@ -14,6 +14,7 @@ Role names: ``PUBLIC`` (no key), ``AUTHENTICATED`` (any valid key; the handler n
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import Depends, Request
@@ -63,7 +64,9 @@ class AccessGuard:
     async def __call__(self, request: Request) -> Principal | None:
         if PUBLIC in self.roles:
             return None
+        started = time.perf_counter()
         principal = authenticate(request)
+        request.state.auth_s = time.perf_counter() - started
         if not any(_has(principal, role) for role in self.roles):
             raise PermissionDenied(f"principal {principal.name!r} may not call {request.url.path}")
         return principal

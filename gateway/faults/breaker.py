@@ -14,11 +14,19 @@ share a Cluster slot):
 
 Each transition is one Lua script, so concurrent processes agree. Redis being unreachable lets
 calls through (the breaker fails open; Redis outages are the queue's concern).
+
+A process keeps a short local view of a closed breaker (``closed_view_s``, default 0.25 s): while
+the last check it made found the breaker closed, a call goes ahead and a success is counted
+locally, without a Redis round trip. The successes counted meanwhile are added to the window
+with the next check or the next failure, and a failure always goes to Redis at once (and ends
+the local view). So a breaker another process opened is seen here within ``closed_view_s``,
+and the failure ratio is computed over every call, only a moment late for the successes.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -44,6 +52,8 @@ class BreakerConfig:
     failure_ratio: float = 0.5
     open_s: float = 5.0
     probe_timeout_s: float = 10.0
+    closed_view_s: float = 0.25
+    """How long a check that found the breaker closed is trusted locally (0: always ask)."""
 
     @property
     def tripped_s(self) -> float:
@@ -51,19 +61,37 @@ class BreakerConfig:
         return max(60.0, 10 * self.open_s)
 
 
-# KEYS: open, tripped, probe. ARGV: probe_ms. → 0 closed, 1 probe granted, 2 open, 3 probing
-_ALLOW = """
+# Successes counted locally join the closed window (ARGV: their number, window_ms).
+_ADD_SUCCESSES = """
+local function add_successes(window, n, window_ms)
+  if n > 0 then
+    local total = redis.call('HINCRBY', window, 'total', n)
+    if total == n then redis.call('PEXPIRE', window, window_ms) end
+  end
+end
+"""
+
+# KEYS: open, tripped, probe, window. ARGV: probe_ms, local successes, window_ms.
+# → 0 closed, 1 probe granted, 2 open, 3 probing
+_ALLOW = (
+    _ADD_SUCCESSES
+    + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   if redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[1]) then return 1 end
   return 3
 end
+add_successes(KEYS[4], tonumber(ARGV[2]), ARGV[3])
 return 0
 """
+)
 
 # KEYS: window, open, tripped, probe.
-# ARGV: ok, window_ms, min_calls, failure_ratio, open_ms, tripped_ms.  → new state (0/1/2)
-_RECORD = """
+# ARGV: ok, window_ms, min_calls, failure_ratio, open_ms, tripped_ms, local successes.
+# → new state (0/1/2)
+_RECORD = (
+    _ADD_SUCCESSES
+    + """
 local ok = ARGV[1] == '1'
 local open = redis.call('EXISTS', KEYS[2]) == 1
 if open then return 2 end
@@ -77,6 +105,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('DEL', KEYS[1], KEYS[4])
   return 2
 end
+add_successes(KEYS[1], tonumber(ARGV[7]), ARGV[2])
 local total = redis.call('HINCRBY', KEYS[1], 'total', 1)
 if total == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 if ok then return 0 end
@@ -89,6 +118,7 @@ if total >= tonumber(ARGV[3]) and failures >= tonumber(ARGV[4]) * total then
 end
 return 0
 """
+)
 
 OnState = Callable[[str, BreakerState], None]
 
@@ -114,6 +144,10 @@ class RedisBreaker:
         self._on_state = on_state
         self._allow = redis.register_script(_ALLOW)
         self._record = redis.register_script(_RECORD)
+        self._closed_until: dict[str, float] = {}
+        """Deployment -> monotonic time until which its breaker is taken as closed here."""
+        self._unsent: dict[str, int] = {}
+        """Deployment -> successes counted locally, not yet added to its window."""
 
     def _keys(self, deployment: str) -> tuple[str, str, str, str]:
         base = f"{self._prefix}:{{breaker:{deployment}}}"
@@ -123,18 +157,27 @@ class RedisBreaker:
         if self._on_state is not None:
             self._on_state(deployment, state)
 
+    def _closed_here(self, deployment: str) -> bool:
+        return self._closed_until.get(deployment, 0.0) > time.monotonic()
+
     async def allow(self, deployment: str) -> bool:
         """Whether a call to ``deployment`` may go ahead now (a half-open probe counts)."""
-        _, open_key, tripped, probe = self._keys(deployment)
+        if self._closed_here(deployment):
+            return True
+        window, open_key, tripped, probe = self._keys(deployment)
+        unsent = self._unsent.pop(deployment, 0)
         try:
             code = int(
                 await self._allow(
-                    keys=[open_key, tripped, probe], args=[_ms(self.config.probe_timeout_s)]
+                    keys=[open_key, tripped, probe, window],
+                    args=[_ms(self.config.probe_timeout_s), unsent, _ms(self.config.window_s)],
                 )
             )
         except RedisError as exc:
             log.warning("breaker check for %s failed open: %r", deployment, exc)
             return True
+        if code == 0 and self.config.closed_view_s > 0:
+            self._closed_until[deployment] = time.monotonic() + self.config.closed_view_s
         self._notify(
             deployment,
             {0: BreakerState.CLOSED, 2: BreakerState.OPEN}.get(code, BreakerState.HALF_OPEN),
@@ -143,6 +186,11 @@ class RedisBreaker:
 
     async def record(self, deployment: str, *, ok: bool) -> BreakerState:
         """Count one call's outcome; the breaker's state afterwards."""
+        if ok and self._closed_here(deployment):
+            self._unsent[deployment] = self._unsent.get(deployment, 0) + 1
+            return BreakerState.CLOSED
+        self._closed_until.pop(deployment, None)
+        unsent = self._unsent.pop(deployment, 0)
         c = self.config
         try:
             code = int(
@@ -155,6 +203,7 @@ class RedisBreaker:
                         c.failure_ratio,
                         _ms(c.open_s),
                         _ms(c.tripped_s),
+                        unsent,
                     ],
                 )
             )
@@ -197,6 +246,7 @@ class RedisBreaker:
         """Open the breaker now (its replicas fail their health checks): skipped for
         ``open_s``, then half-open as after any trip. Redis errors are logged."""
         window, open_key, tripped, probe = self._keys(deployment)
+        self._closed_until.pop(deployment, None)
         c = self.config
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
@@ -210,4 +260,6 @@ class RedisBreaker:
         self._notify(deployment, BreakerState.OPEN)
 
     async def reset(self, deployment: str) -> None:
+        self._closed_until.pop(deployment, None)
+        self._unsent.pop(deployment, None)
         await self._redis.delete(*self._keys(deployment))

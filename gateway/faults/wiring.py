@@ -74,6 +74,7 @@ def make_breaker(
         failure_ratio=b.failure_ratio,
         open_s=b.open_s,
         probe_timeout_s=b.probe_timeout_s,
+        closed_view_s=b.closed_view_s,
     )
     return RedisBreaker(redis, prefix, config, on_state=on_state)
 

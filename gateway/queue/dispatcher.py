@@ -3,6 +3,10 @@
 Ownership of a request's outcome is settled by one ``SET NX`` on its claim key: the worker sets
 it before it starts a job; the edge sets it when the deadline passes first. Whoever wins writes
 the ledger entry, so a request is never answered 504 *and* run, nor booked twice.
+
+When the process also runs a worker (``local``), a job that would be taken at once is started
+by it directly (``Worker.start_now``): no wait in a stream, no reply stream, and no edge claim
+(its deadline is held by the backend timeouts, as for any started job).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -22,12 +27,18 @@ from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue, QueueFull, lane_of
 from gateway.queue.replies import ReplyRouter
 
-__all__ = ["EDGE_CLAIM", "Dispatcher"]
+__all__ = ["EDGE_CLAIM", "Dispatcher", "LocalStart"]
 
 EDGE_CLAIM = "edge"
 _RUNNING_GRACE_S = 5.0
 """How long past its deadline the edge still waits for a job a worker has started: the worker's
 backend timeouts end it at the deadline, so this only covers a worker that died mid-job."""
+
+
+class LocalStart(Protocol):
+    """A worker in this process that may start a job at once (``Worker.start_now``)."""
+
+    async def start_now(self, job: Job, deliver: Callable[[Reply], None]) -> bool: ...
 
 
 class Dispatcher:
@@ -43,9 +54,11 @@ class Dispatcher:
         weights: Mapping[str, float] | None = None,
         expected_wait: Callable[[str], float] | None = None,
         idempotency: Idempotency | None = None,
+        local: LocalStart | None = None,
     ) -> None:
         """``tier_max_depth`` overrides ``max_depth`` per tier; ``weights`` are tenants' fair
-        shares (default 1); ``expected_wait(tier)`` (s) sets a refusal's ``Retry-After``."""
+        shares (default 1); ``expected_wait(tier)`` (s) sets a refusal's ``Retry-After``;
+        ``local``: this process's worker, which starts jobs at once when they need not wait."""
         self._redis = redis
         self._keys = keys
         self._replies = replies
@@ -56,6 +69,7 @@ class Dispatcher:
         self._claim_ttl_s = claim_ttl_s
         self._lanes = LaneQueue(redis, keys)
         self._idempotency = idempotency
+        self._local = local
 
     async def submit(self, job: Job) -> AsyncIterator[Reply]:
         """Queue ``job`` and return its replies, in order. Raises ``RateLimited`` when the tier's
@@ -69,6 +83,13 @@ class Dispatcher:
                 raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
             if first is not None:
                 return self._replay(job, job.idempotency_key)
+        if self._local is not None:
+            local: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
+            try:
+                if await self._local.start_now(job, local.put_nowait):
+                    return self._replies_of(job, local, started=True)
+            except (RedisError, OSError) as exc:
+                raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
         tier = job.plan.tier.value
         queue = self._replies.register(job.request_id)
         try:
@@ -96,10 +117,11 @@ class Dispatcher:
         return self._replies_of(job, queue)
 
     async def _replies_of(
-        self, job: Job, queue: asyncio.Queue[Reply | BaseException]
+        self, job: Job, queue: asyncio.Queue[Reply | BaseException], *, started: bool = False
     ) -> AsyncIterator[Reply]:
-        deadline = job.deadline
-        claimed_by_worker = False
+        """``started``: the local worker runs the job (nothing to claim at the deadline)."""
+        deadline = job.deadline + (_RUNNING_GRACE_S if started else 0.0)
+        claimed_by_worker = started
         try:
             while True:
                 timeout = deadline - time.time()

@@ -102,7 +102,7 @@ class BackendPool:
     # -- slots ------------------------------------------------------------------------------
 
     async def _try(self, deployment: str, replica: Replica) -> Reservation | None:
-        lease_id = f"{self._owner}:{next(self._ids)}"
+        lease_id = self.new_lease_id()
         if self._leases is None or not replica.slot_key:
             if replica.inflight >= replica.capacity and self._leases is not None:
                 return None
@@ -110,6 +110,25 @@ class BackendPool:
             return Reservation(deployment, replica, lease_id)
         if not await self._leases.acquire(replica.slot_key, lease_id, replica.capacity):
             return None
+        self._held[lease_id] = (replica.slot_key, lease_id)
+        replica.inflight += 1
+        return Reservation(deployment, replica, lease_id)
+
+    def ranked(self, deployment: str) -> list[Replica]:
+        """``deployment``'s replicas with a global slot key, best first (the chooser's order)."""
+        group = self._chooser(deployment, self._replicas.get(deployment, ()))
+        return [r for r in group if r.slot_key]
+
+    def new_lease_id(self) -> str:
+        return f"{self._owner}:{next(self._ids)}"
+
+    @property
+    def lease_ms(self) -> int | None:
+        """How long a slot lease lasts unrenewed; ``None``: no global slots."""
+        return None if self._leases is None else self._leases.lease_ms
+
+    def adopt(self, deployment: str, replica: Replica, lease_id: str) -> Reservation:
+        """A reservation for a lease taken elsewhere (``DirectStart``), renewed from now on."""
         self._held[lease_id] = (replica.slot_key, lease_id)
         replica.inflight += 1
         return Reservation(deployment, replica, lease_id)

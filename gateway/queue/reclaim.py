@@ -3,7 +3,8 @@
 A worker that runs a job keeps its stream entry's idle time low (``XCLAIM … JUSTID`` on its own
 entries, ``touch``). An entry idle longer than ``min_idle_ms`` belongs to a worker that stopped
 renewing: another worker takes it with ``XAUTOCLAIM`` (``orphans``) and may run it if its claim
-still names a worker whose heartbeat is gone (``take_over``, one Lua script). A claim held by the
+still names a worker whose heartbeat is gone (``take_over``, one Lua script; a job started at
+once names its worker in the entry instead of a claim key). A claim held by the
 edge (the deadline passed) is acknowledged and dropped; a claim of a live worker is left alone.
 The ledger is idempotent by request id and the edge relays only the first final reply, so a job
 run twice (its first worker died after answering, before acknowledging) is still answered and
@@ -24,6 +25,7 @@ __all__ = ["Reclaimer", "TakeOver"]
 
 _TAKE_OVER = """
 local owner = redis.call('GET', KEYS[1])
+if not owner and ARGV[5] ~= '' then owner = ARGV[5] end
 if not owner then
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
   return 'mine'
@@ -64,9 +66,13 @@ class Reclaimer:
                 stream, self._keys.group, consumer, 0, list(entry_ids), justid=True
             )
 
-    async def take_over(self, request_id: str, worker_id: str, ttl_s: int, edge: str) -> TakeOver:
+    async def take_over(
+        self, request_id: str, worker_id: str, ttl_s: int, edge: str, *, started_by: str = ""
+    ) -> TakeOver:
+        """``started_by``: the worker an entry names as its owner (a job started at once, which
+        has no claim key), treated as the claim when there is none."""
         prefix = self._keys.worker_heartbeat("")
         result: Any = await self._take_over(
-            keys=[self._keys.claim(request_id)], args=[worker_id, ttl_s, edge, prefix]
+            keys=[self._keys.claim(request_id)], args=[worker_id, ttl_s, edge, prefix, started_by]
         )
         return result.decode() if isinstance(result, bytes) else str(result)

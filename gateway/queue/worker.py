@@ -5,6 +5,10 @@ replica of the tier (``BackendPool.reserve``, global across processes), and only
 job (``LaneQueue.take``: lanes by priority, tenants by fair share); the job's first backend call
 uses that slot. Work beyond capacity therefore waits in Redis, not on the GPU servers. A tier
 with no replica in the pool (no slot to reserve) is limited by a per-process count instead.
+
+The edge of the same process may also hand a job over directly (``start_now``, see
+``gateway.queue.direct``): when it would be taken at once anyway, it starts without waiting in a
+stream, and its replies go straight to the waiter instead of through the reply stream.
 """
 
 from __future__ import annotations
@@ -14,22 +18,23 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.accounting.writer import LedgerWriter
 from gateway.limits.idempotency import Idempotency
+from gateway.queue.direct import DirectStart
 from gateway.queue.dispatcher import EDGE_CLAIM
 from gateway.queue.executor import Emit, Executor
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.lanes import LaneQueue, Taken
+from gateway.queue.lanes import LaneQueue, Taken, lane_of
 from gateway.queue.pool import BackendPool, Reservation
 from gateway.queue.reclaim import Reclaimer
 
-__all__ = ["Worker"]
+__all__ = ["Deliver", "Worker"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,9 @@ _HEARTBEAT_S = 2.0
 _BELL_S = 1.0
 _NO_SLOT_S = (0.002, 0.05)
 _SVC_ALPHA = 0.2
+
+Deliver = Callable[[Reply], None]
+"""Hands a reply of a job started at once to its waiter in this process."""
 
 
 class Worker:
@@ -58,11 +66,13 @@ class Worker:
         reclaim_idle_s: float = 15.0,
         heartbeat_s: float = _HEARTBEAT_S,
         idempotency: Idempotency | None = None,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         """``capacity``: per-process slots of each tier that has no replica in ``pool``;
         ``tiers``: each tier's deployments, in order; ``batch_headroom``: share of a tier's
         slots batch work may not take; ``reclaim_idle_s``: how long a job's entry may go
-        unrenewed before another worker reclaims it (its worker is presumed dead)."""
+        unrenewed before another worker reclaims it (its worker is presumed dead); ``weights``:
+        tenants' fair-share weights, for the jobs it starts at once."""
         self._redis = redis
         self._blocking = blocking_redis
         self._keys = keys
@@ -76,6 +86,8 @@ class Worker:
                 self._capacity[tier] = sum(self._pool.capacity(d) for d in deps)
         self._headroom = batch_headroom
         self._lanes = LaneQueue(redis, keys)
+        self._direct = DirectStart(redis, keys)
+        self._weights = dict(weights or {})
         self.worker_id = worker_id
         self._claim_ttl_s = claim_ttl_s
         self._tasks: list[asyncio.Task[None]] = []
@@ -102,6 +114,44 @@ class Worker:
     @property
     def running(self) -> int:
         return len(self._jobs)
+
+    def _batch_limit(self, tier: str, slot_keys: Sequence[str]) -> int:
+        slots = self._capacity.get(tier, 0)
+        return max(math.floor(slots * (1 - self._headroom)), 1) if slot_keys else -1
+
+    async def start_now(self, job: Job, deliver: Deliver) -> bool:
+        """Start ``job`` in this process at once if it would be the next job taken and its
+        first deployment has a free slot; ``False``: queue it. Redis errors propagate."""
+        first = job.plan.deployments[0] if job.plan.deployments else None
+        tier = job.plan.tier.value
+        if self._stopping or first is None or first not in self._tiers.get(tier, ()):
+            return False
+        lease_ms = self._pool.lease_ms
+        replicas = self._pool.ranked(first)
+        if lease_ms is None or not replicas:
+            return False
+        lease_id = self._pool.new_lease_id()
+        started = await self._direct.start(
+            tier=tier,
+            lane=lane_of(job.priority),
+            tenant=job.tenant,
+            job=job.encode(),
+            weight=self._weights.get(job.tenant, 1.0),
+            consumer=self.worker_id,
+            slots=[(r.slot_key, r.capacity) for r in replicas],
+            lease_id=lease_id,
+            lease_ms=lease_ms,
+            batch_limit=self._batch_limit(tier, self._pool.slot_keys(self._tiers[tier])),
+        )
+        if started is None:
+            return False
+        reservation = self._pool.adopt(first, replicas[started.slot], lease_id)
+        task = asyncio.create_task(
+            self._handle(started.taken, reservation, None, job=job, deliver=deliver)
+        )
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+        return True
 
     async def stop_taking(self) -> None:
         """Stop taking new jobs; the ones running go on."""
@@ -170,7 +220,8 @@ class Worker:
                         entry_id, fields = orphans[0]
                         taken = Taken(tier, lane, tenant, entry_id, fields.get(b"j", b""))
                         log.warning("reclaiming job %s of %s", entry_id, stream)
-                        self._spawn(taken, reservation, None, reclaimed=True)
+                        started_by = fields.get(b"o", b"").decode()
+                        self._spawn(taken, reservation, None, reclaimed=started_by or True)
             except (RedisError, OSError) as exc:
                 log.warning("worker cannot reclaim in %s: %s", tier, type(exc).__name__)
 
@@ -180,7 +231,7 @@ class Worker:
         reservation: Reservation | None,
         local: asyncio.Semaphore | None,
         *,
-        reclaimed: bool = False,
+        reclaimed: bool | str = False,
     ) -> None:
         task = asyncio.create_task(self._handle(taken, reservation, local, reclaimed=reclaimed))
         self._jobs.add(task)
@@ -189,7 +240,7 @@ class Worker:
     async def _consume(self, tier: str, slots: int) -> None:
         deployments = self._tiers.get(tier, [])
         slot_keys = self._pool.slot_keys(deployments)
-        batch_limit = max(math.floor(slots * (1 - self._headroom)), 1) if slot_keys else -1
+        batch_limit = self._batch_limit(tier, slot_keys)
         local = asyncio.Semaphore(slots)
         backoff = 0.05
         reservation: Reservation | None = None
@@ -234,30 +285,36 @@ class Worker:
         reservation: Reservation | None,
         local: asyncio.Semaphore | None,
         *,
-        reclaimed: bool = False,
+        reclaimed: bool | str = False,
+        job: Job | None = None,
+        deliver: Deliver | None = None,
     ) -> None:
+        """Run a taken job. ``reclaimed``: taken over from a dead worker (a string: the worker
+        its entry names, for a job that was started at once). ``job`` and ``deliver``: a job
+        started at once (``start_now``), already owned, answering its waiter directly."""
         ack = True
-        job: Job | None = None
         self._active.add(taken)
         try:
-            try:
-                job = Job.decode(taken.job)
-            except (KeyError, ValueError, TypeError) as exc:
-                log.error("dropping malformed job %s: %s", taken.entry_id, exc)
-                return
-            if not reclaimed and self._cannot_finish(taken.tier, job):
-                return  # left to the edge, which answers 504 at the deadline
-            owner = await self._own(job, reclaimed)
-            if owner != "mine":
-                ack = owner == "edge"  # "alive": its worker lives (slow renewal), leave it
-                return
+            if job is None:
+                try:
+                    job = Job.decode(taken.job)
+                except (KeyError, ValueError, TypeError) as exc:
+                    log.error("dropping malformed job %s: %s", taken.entry_id, exc)
+                    return
+                if not reclaimed and self._cannot_finish(taken.tier, job):
+                    return  # left to the edge, which answers 504 at the deadline
+                owner = await self._own(job, reclaimed)
+                if owner != "mine":
+                    ack = owner == "edge"  # "alive": its worker lives (slow renewal), leave it
+                    return
+            emit = self._emitter(job, deliver)
             started = time.time()
             if reservation is not None:
                 async with self._pool.holding(reservation):
                     reservation = None
-                    entry = await self._executor.run(job, self._emitter(job))
+                    entry = await self._executor.run(job, emit)
             else:
-                entry = await self._executor.run(job, self._emitter(job))
+                entry = await self._executor.run(job, emit)
             await self._ledger.write(entry)
             await self._note_service_time(taken.tier, time.time() - started)
         except asyncio.CancelledError:
@@ -293,12 +350,17 @@ class Worker:
         with contextlib.suppress(RedisError, OSError):
             await self._redis.set(self._keys.service_time(tier), f"{value:.4f}", ex=3600)
 
-    async def _own(self, job: Job, reclaimed: bool) -> str:
+    async def _own(self, job: Job, reclaimed: bool | str) -> str:
         """``mine`` (run it), ``edge`` (the edge answered 504 and booked it: drop it) or
         ``alive`` (a reclaimed job whose worker still lives: leave it)."""
         if reclaimed:
+            started_by = reclaimed if isinstance(reclaimed, str) else ""
             return await self._reclaimer.take_over(
-                job.request_id, self.worker_id, self._claim_ttl(job), EDGE_CLAIM
+                job.request_id,
+                self.worker_id,
+                self._claim_ttl(job),
+                EDGE_CLAIM,
+                started_by=started_by,
             )
         return "mine" if await self._claim(job) else "edge"
 
@@ -325,12 +387,15 @@ class Worker:
         if await self._redis.get(key) == self.worker_id.encode():
             await self._redis.delete(key)
 
-    def _emitter(self, job: Job) -> Emit:
+    def _emitter(self, job: Job, deliver: Deliver | None = None) -> Emit:
         stream = self._keys.replies(job.reply_to)
 
         async def emit(reply: Reply) -> None:
             if job.idempotency_key and not job.stream and reply.kind in ("result", "error"):
                 await self._remember(job, reply)
+            if deliver is not None:
+                deliver(reply)
+                return
             try:
                 await self._redis.xadd(
                     stream, reply.fields(), maxlen=_REPLY_MAXLEN, approximate=True

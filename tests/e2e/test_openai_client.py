@@ -32,6 +32,14 @@ async def test_non_streamed_auto(stack: Stack) -> None:
     assert headers["x-tiergate-model"] in {"llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq"}
     assert Decimal(headers["x-tiergate-cost-usd"]) > 0
     assert float(headers["x-tiergate-overhead-ms"]) >= 0
+    timing = dict(part.split(";dur=") for part in headers["server-timing"].split(", "))
+    stages = {name: float(ms) for name, ms in timing.items()}
+    expected = {"auth", "parse", "route", "limits", "queue", "backend", "worker", "relay", "total"}
+    assert set(stages) == expected
+    assert all(ms >= 0 for ms in stages.values())
+    assert stages["backend"] > 0
+    parts = sum(ms for name, ms in stages.items() if name != "total")
+    assert abs(stages["total"] - parts) < 0.01  # the stages add up to the whole
     request_id = headers["x-request-id"]
     entry = await wait_entry(stack.database_url, request_id)
     assert entry.tenant == "acme"

@@ -11,7 +11,10 @@ import redis.asyncio as aioredis
 
 from gateway.faults.breaker import BreakerConfig, BreakerState, RedisBreaker
 
-FAST = BreakerConfig(window_s=5, min_calls=4, failure_ratio=0.5, open_s=0.3, probe_timeout_s=2)
+FAST = BreakerConfig(
+    window_s=5, min_calls=4, failure_ratio=0.5, open_s=0.3, probe_timeout_s=2, closed_view_s=0
+)
+"""Every check asks Redis (the local view of a closed breaker has its own test)."""
 
 
 @pytest.fixture
@@ -70,3 +73,28 @@ async def test_redis_down_lets_calls_through() -> None:
     assert await breaker.record("d", ok=False) is BreakerState.CLOSED
     assert await breaker.unavailable(["d"]) == frozenset()
     await dead.aclose()
+
+
+async def test_a_local_view_of_a_closed_breaker_saves_round_trips_and_loses_no_count(
+    client: aioredis.Redis, key_prefix: str
+) -> None:
+    view = BreakerConfig(
+        window_s=5, min_calls=4, failure_ratio=0.5, open_s=5, probe_timeout_s=2, closed_view_s=0.3
+    )
+    here = RedisBreaker(client, key_prefix, view)
+    elsewhere = RedisBreaker(client, key_prefix, view)
+    window = f"{key_prefix}:{{breaker:d}}:window"
+    assert await here.allow("d")
+    for _ in range(3):
+        assert await here.allow("d")  # from the local view
+        assert await here.record("d", ok=True) is BreakerState.CLOSED
+    assert await client.hget(window, "total") is None  # nothing sent yet
+    # A failure goes to Redis at once, with the successes counted meanwhile: 1 of 4 failed.
+    assert await here.record("d", ok=False) is BreakerState.CLOSED
+    assert await client.hmget(window, ["total", "failures"]) == [b"4", b"1"]
+    # Another process opens it; this one sees that once its view (renewed by a check) expires.
+    assert await here.allow("d")
+    await elsewhere.trip("d")
+    assert await here.allow("d")  # still the local view
+    await asyncio.sleep(0.35)
+    assert not await here.allow("d")
