@@ -29,6 +29,7 @@ from gateway.auth.directory import TenantDirectory
 from gateway.auth.keys import KeyStore
 from gateway.auth.runtime import RuntimeAuth
 from gateway.auth.store import SqlAuthStore
+from gateway.coalescer import Coalescer
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.faults.breaker import RedisBreaker
 from gateway.faults.health import HealthProbe
@@ -204,6 +205,8 @@ async def open_services(
         blocking = redis_client(url, socket_timeout=5.0)
         stack.push_async_callback(blocking.aclose)
         redis_keys = RedisKeys(settings.redis.key_prefix)
+        coalescer = Coalescer(redis)  # closed before the client, after all its users
+        stack.push_async_callback(coalescer.aclose)
 
         ledger = await SqlLedger.connect(settings.database.url)
         stack.push_async_callback(ledger.aclose)
@@ -221,6 +224,7 @@ async def open_services(
             meter=ThroughputMeter(redis, redis_keys.prefix),
             prices=prices,
             budgets=budgets,
+            coalescer=coalescer,
         )
         catalog = build_catalog(settings, prices)
         rules = await open_rules(settings, redis, catalog, stack)
@@ -283,7 +287,9 @@ async def open_services(
             stack.push_async_callback(load.aclose)
             pool = BackendPool(
                 replicas,
-                leases=SlotLeases(redis, lease_ms=int(settings.queue.slot_lease_s * 1000)),
+                leases=SlotLeases(
+                    redis, lease_ms=int(settings.queue.slot_lease_s * 1000), coalescer=coalescer
+                ),
                 owner=f"w-{edge_id}",
                 chooser=load.rank,
             )
@@ -314,6 +320,7 @@ async def open_services(
                 batch_headroom=settings.queue.batch_headroom,
                 idempotency=idempotency,
                 weights=weights(settings),
+                coalescer=coalescer,
             )
             sink = LedgerSink(
                 redis=redis,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.budgets import BudgetBook
@@ -22,6 +23,7 @@ from gateway.accounting.events import encode_entry
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import Ledger, LedgerEntry
 from gateway.accounting.throughput import ThroughputMeter
+from gateway.coalescer import Coalescer
 
 __all__ = ["LedgerWriter"]
 
@@ -40,8 +42,11 @@ class LedgerWriter:
         budgets: BudgetBook | None = None,
         refresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        coalescer: Coalescer | None = None,
     ) -> None:
+        """``coalescer``: events go out in the same pipeline as other requests' bookkeeping."""
         self._redis = redis
+        self._coalescer = coalescer
         self._stream = stream
         self._ledger = ledger
         self._meter = meter
@@ -52,8 +57,12 @@ class LedgerWriter:
         self._refreshed_at: float | None = None
 
     async def write(self, entry: LedgerEntry) -> None:
+        fields: dict[FieldT, EncodableT] = {"e": encode_entry(entry)}
         try:
-            await self._redis.xadd(self._stream, {"e": encode_entry(entry)})
+            if self._coalescer is not None:
+                await self._coalescer.send(lambda pipe: pipe.xadd(self._stream, fields))
+            else:
+                await self._redis.xadd(self._stream, fields)
         except (RedisError, OSError) as exc:
             log.warning("ledger stream unavailable (%s); writing to SQL", type(exc).__name__)
         else:

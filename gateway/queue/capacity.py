@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
+from gateway.coalescer import Coalescer
+
 __all__ = ["SlotLeases"]
 
 _ACQUIRE = """
@@ -48,8 +50,13 @@ return out
 class SlotLeases:
     """Leases on replica slots. ``key`` names are ``RedisKeys.slots`` values."""
 
-    def __init__(self, redis: aioredis.Redis, *, lease_ms: int = 30_000) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, *, lease_ms: int = 30_000, coalescer: Coalescer | None = None
+    ) -> None:
+        """``coalescer``: releases are queued on it instead of awaited (the slot comes back a
+        round trip later; the caller does not wait for it)."""
         self._redis = redis
+        self._coalescer = coalescer
         self.lease_ms = lease_ms
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
@@ -60,6 +67,9 @@ class SlotLeases:
         return bool(await self._acquire(keys=[key], args=[lease_id, limit, self.lease_ms]))
 
     async def release(self, key: str, lease_id: str) -> None:
+        if self._coalescer is not None:
+            self._coalescer.send_nowait(lambda pipe: pipe.zrem(key, lease_id), "slot release")
+            return
         await self._redis.zrem(key, lease_id)
 
     async def renew(self, leases: Sequence[tuple[str, str]]) -> int:

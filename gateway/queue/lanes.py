@@ -20,6 +20,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from gateway.coalescer import Coalescer
 from gateway.queue.keys import LANES, RedisKeys
 
 __all__ = ["LaneQueue", "QueueFull", "Taken", "lane_of"]
@@ -106,9 +107,13 @@ def lane_of(priority: str) -> str:
 
 
 class LaneQueue:
-    def __init__(self, redis: aioredis.Redis, keys: RedisKeys) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, keys: RedisKeys, *, coalescer: Coalescer | None = None
+    ) -> None:
+        """``coalescer``: acknowledgements are queued on it instead of awaited."""
         self._redis = redis
         self._keys = keys
+        self._coalescer = coalescer
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
 
@@ -159,6 +164,11 @@ class LaneQueue:
 
     async def ack(self, taken: Taken) -> None:
         stream = self._keys.jobs(taken.tier, taken.lane, taken.tenant)
+        if self._coalescer is not None:
+            group, entry_id = self._keys.group, taken.entry_id
+            self._coalescer.send_nowait(lambda pipe: pipe.xack(stream, group, entry_id), "ack")
+            self._coalescer.send_nowait(lambda pipe: pipe.xdel(stream, entry_id), "ack")
+            return
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.xack(stream, self._keys.group, taken.entry_id)
             pipe.xdel(stream, taken.entry_id)

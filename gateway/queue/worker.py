@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.accounting.writer import LedgerWriter
+from gateway.coalescer import Coalescer
 from gateway.limits.idempotency import Idempotency
 from gateway.queue.direct import DirectStart
 from gateway.queue.dispatcher import EDGE_CLAIM
@@ -43,6 +44,8 @@ _HEARTBEAT_S = 2.0
 _BELL_S = 1.0
 _NO_SLOT_S = (0.002, 0.05)
 _SVC_ALPHA = 0.2
+_SVC_PUBLISH_S = 0.5
+"""At most this often a worker publishes a tier's service time (edges read it every 0.5 s)."""
 
 Deliver = Callable[[Reply], None]
 """Hands a reply of a job started at once to its waiter in this process."""
@@ -67,12 +70,14 @@ class Worker:
         heartbeat_s: float = _HEARTBEAT_S,
         idempotency: Idempotency | None = None,
         weights: Mapping[str, float] | None = None,
+        coalescer: Coalescer | None = None,
     ) -> None:
         """``capacity``: per-process slots of each tier that has no replica in ``pool``;
         ``tiers``: each tier's deployments, in order; ``batch_headroom``: share of a tier's
         slots batch work may not take; ``reclaim_idle_s``: how long a job's entry may go
         unrenewed before another worker reclaims it (its worker is presumed dead); ``weights``:
-        tenants' fair-share weights, for the jobs it starts at once."""
+        tenants' fair-share weights, for the jobs it starts at once; ``coalescer``: where
+        acknowledgements are queued (instead of a round trip each)."""
         self._redis = redis
         self._blocking = blocking_redis
         self._keys = keys
@@ -85,7 +90,7 @@ class Worker:
             if deps:
                 self._capacity[tier] = sum(self._pool.capacity(d) for d in deps)
         self._headroom = batch_headroom
-        self._lanes = LaneQueue(redis, keys)
+        self._lanes = LaneQueue(redis, keys, coalescer=coalescer)
         self._direct = DirectStart(redis, keys)
         self._weights = dict(weights or {})
         self.worker_id = worker_id
@@ -93,6 +98,7 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._jobs: set[asyncio.Task[None]] = set()
         self._service_s: dict[str, float] = {}
+        self._service_published: dict[str, float] = {}
         self._heartbeat_s = heartbeat_s
         self._reclaim_idle_s = reclaim_idle_s
         self._reclaimer = Reclaimer(redis, keys, min_idle_ms=int(reclaim_idle_s * 1000))
@@ -343,10 +349,15 @@ class Worker:
         return typical is not None and job.deadline - time.time() < typical
 
     async def _note_service_time(self, tier: str, seconds: float) -> None:
-        """A moving average of backend time per job, published for expected-wait estimates."""
+        """A moving average of backend time per job, published (at most every 0.5 s) for
+        expected-wait estimates."""
         old = self._service_s.get(tier)
         value = seconds if old is None else old + _SVC_ALPHA * (seconds - old)
         self._service_s[tier] = value
+        now = time.monotonic()
+        if now - self._service_published.get(tier, -math.inf) < _SVC_PUBLISH_S:
+            return
+        self._service_published[tier] = now
         with contextlib.suppress(RedisError, OSError):
             await self._redis.set(self._keys.service_time(tier), f"{value:.4f}", ex=3600)
 
