@@ -26,6 +26,7 @@ from typing import Any
 __all__ = [
     "AuthenticationFailed",
     "BudgetExceeded",
+    "ClientDisconnected",
     "Conflict",
     "ContextTooLong",
     "DeadlineExceeded",
@@ -152,6 +153,14 @@ class ServiceUnavailable(GatewayError):
     status = 503
     type = "api_error"
     code = "service_unavailable"
+
+
+class ClientDisconnected(GatewayError):
+    """The client went away before its answer (nginx's 499: never sent, only booked)."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "client_disconnected"
 
 
 class DeadlineExceeded(GatewayError):

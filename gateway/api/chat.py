@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from gateway.api.admission import admit, read_body
 from gateway.api.booking import book_refusal
 from gateway.api.deps import ServicesDep
+from gateway.api.disconnect import first_unless_gone
 from gateway.api.openapi import chat_request_openapi
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
 from gateway.api.routing import plan_request
@@ -20,7 +21,7 @@ from gateway.api.timing import StageClock
 from gateway.auth.access import AUTHENTICATED, access
 from gateway.auth.directory import prompts_loggable, tenant_priority
 from gateway.auth.principals import Principal
-from gateway.errors import GatewayError, PermissionDenied
+from gateway.errors import ClientDisconnected, GatewayError, PermissionDenied
 from gateway.observability.logging import bind_request_id
 from gateway.queue.jobs import Job
 from gateway.rules.edge import capped_body, hold_conversation, rule_inputs
@@ -103,7 +104,9 @@ async def chat_completions(
             )
         clock.lap("limits")
         replies = await services.dispatcher.submit(job)
-        first = await anext(replies)
+        first = await first_unless_gone(request, replies)
+        if first is None:
+            await _abandoned(services, job)
         clock.lap("wait")
         ctx = RelayContext(
             services,
@@ -120,7 +123,12 @@ async def chat_completions(
         )
         if stream:
             idle_s = services.settings.limits.sse_idle_s
-            return await sse_response(ctx, first, idle_limited(replies, idle_s))
+            return await sse_response(
+                ctx,
+                first,
+                idle_limited(replies, idle_s),
+                on_gone=lambda: services.dispatcher.abandon_soon(job),
+            )
         return json_response(ctx, first)
     except RelayedError as relayed:
         raise relayed.error from None
@@ -129,6 +137,15 @@ async def chat_completions(
             services, request_id, principal, received_at, error, requested_model, plan, stream
         )
         raise
+
+
+async def _abandoned(services: Services, job: Job) -> NoReturn:
+    """The client went away while its job waited or ran: stop the job; a job that never
+    started is booked here (raising makes the handler book it), a started one by its worker."""
+    gone = ClientDisconnected("the client closed the connection before the answer")
+    if await services.dispatcher.abandon(job):
+        raise gone
+    raise RelayedError(gone)
 
 
 async def _book(

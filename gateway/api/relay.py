@@ -3,8 +3,9 @@ first chunk (so routing headers are known) and carries cost and overhead in its 
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -221,8 +222,15 @@ class _StreamRelay:
         return [*self._flush(), _stream_error(self.ctx, self.route, error.body(), {})]
 
 
-async def sse_response(ctx: RelayContext, first: Reply, replies: AsyncIterator[Reply]) -> Response:
-    """``first`` is the stream's first reply (already awaited, so headers are known)."""
+async def sse_response(
+    ctx: RelayContext,
+    first: Reply,
+    replies: AsyncIterator[Reply],
+    *,
+    on_gone: Callable[[], None] | None = None,
+) -> Response:
+    """``first`` is the stream's first reply (already awaited, so headers are known);
+    ``on_gone`` is called when the client disconnects before the stream's end."""
     if first.kind == "error":
         error = _error_from_reply(first)
         ctx.observe(first.meta, error.outcome, stream=True)
@@ -245,6 +253,10 @@ async def sse_response(ctx: RelayContext, first: Reply, replies: AsyncIterator[R
         except GatewayError as exc:
             for event in relay.on_failure(exc):
                 yield event
+        except (asyncio.CancelledError, GeneratorExit):
+            if on_gone is not None and not relay.finished:
+                on_gone()  # the client went away: stop generating
+            raise
 
     return StreamingResponse(
         body(),

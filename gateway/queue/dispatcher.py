@@ -12,6 +12,7 @@ by it directly (``Worker.start_now``): no wait in a stream, no reply stream, and
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -27,6 +28,8 @@ from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue, QueueFull, lane_of
 from gateway.queue.replies import ReplyRouter
 
+log = logging.getLogger(__name__)
+
 __all__ = ["EDGE_CLAIM", "Dispatcher", "LocalStart"]
 
 EDGE_CLAIM = "edge"
@@ -39,6 +42,8 @@ class LocalStart(Protocol):
     """A worker in this process that may start a job at once (``Worker.start_now``)."""
 
     async def start_now(self, job: Job, deliver: Callable[[Reply], None]) -> bool: ...
+
+    def cancel(self, request_id: str) -> bool: ...
 
 
 class Dispatcher:
@@ -70,6 +75,7 @@ class Dispatcher:
         self._lanes = LaneQueue(redis, keys)
         self._idempotency = idempotency
         self._local = local
+        self._abandoning: set[asyncio.Task[bool]] = set()
 
     async def submit(self, job: Job) -> AsyncIterator[Reply]:
         """Queue ``job`` and return its replies, in order. Raises ``RateLimited`` when the tier's
@@ -148,6 +154,31 @@ class Dispatcher:
                     return
         finally:
             self._replies.unregister(job.request_id)
+
+    async def abandon(self, job: Job) -> bool:
+        """The client of ``job`` went away. ``True``: the job had not started and never will
+        (the edge took its claim; the caller books it). ``False``: a worker runs it and has been
+        told to stop (directly, or on the cancel channel)."""
+        if self._local is not None and self._local.cancel(job.request_id):
+            return False  # it runs in this process (started at once, or taken here)
+        if await self._claim_for_edge(job.request_id):
+            return True
+        try:
+            await self._redis.publish(self._keys.cancels, job.request_id)
+        except (RedisError, OSError) as exc:
+            raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
+        return False
+
+    def abandon_soon(self, job: Job) -> None:
+        """``abandon`` from a context that is being cancelled (a stream whose client left)."""
+        task = asyncio.create_task(self.abandon(job), name=f"tiergate-abandon-{job.request_id}")
+        self._abandoning.add(task)
+        task.add_done_callback(self._abandoned)
+
+    def _abandoned(self, task: asyncio.Task[bool]) -> None:
+        self._abandoning.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("could not stop an abandoned job: %r", task.exception())
 
     async def _replay(self, job: Job, key: str) -> AsyncIterator[Reply]:
         """A repeat's answer: the first request's final reply (never queued, never booked)."""

@@ -16,6 +16,10 @@ back freely until its first token; after it, when continuation is allowed
 (``gateway.faults.continuation``), the next vLLM deployment continues the delivered text and
 the client sees one answer; otherwise the stream ends with an explicit error event. An answer
 served by a lower tier than planned is flagged as a downgrade (``gateway.faults.chains``).
+
+A job whose client went away is ``abandon``ed and its task cancelled: the backend call is
+aborted (vLLM stops generating when its connection closes), and the job ends with outcome
+``client_disconnected`` (499), billed for the tokens that reached us before.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -31,9 +35,15 @@ from typing import Any, Protocol
 
 from backends.errors import BackendError, BackendRejected, ContextLengthExceeded
 from backends.protocol import Backend
-from backends.types import ChatRequest, ChatResponse, Usage
+from backends.types import ChatChunk, ChatRequest, ChatResponse, Usage
 from gateway.accounting.records import Attempt, LedgerEntry, to_micro
-from gateway.errors import DeadlineExceeded, GatewayError, InvalidRequest, UpstreamFailed
+from gateway.errors import (
+    ClientDisconnected,
+    DeadlineExceeded,
+    GatewayError,
+    InvalidRequest,
+    UpstreamFailed,
+)
 from gateway.faults.breaker import BreakerState, RedisBreaker
 from gateway.faults.chains import DOWNGRADE_TAG, TierFaults, is_downgrade
 from gateway.faults.continuation import Delivered, can_continue, continuation_body, is_role_only
@@ -74,6 +84,23 @@ class _MidStream(Exception):
     def __init__(self, error: BackendError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+@dataclass(slots=True)
+class _Streamed:
+    """What one streamed attempt delivered so far."""
+
+    usage: Usage | None = None
+    produced: int = 0
+    """Content tokens it delivered."""
+    sent: int = 0
+    """Chunks it sent to the client."""
+
+    def billed(self) -> Usage | None:
+        """The backend's usage, or (a stream cut short) the tokens it delivered."""
+        if self.usage is None and self.produced:
+            return Usage(0, self.produced)
+        return self.usage
 
 
 @dataclass(slots=True)
@@ -138,9 +165,29 @@ class Executor:
         self._attempts_metric = attempts_metric
         self._sleep = sleep
         self._marks = stream_marks
+        self._abandoned: set[str] = set()
+
+    def abandon(self, request_id: str) -> None:
+        """Mark a running job as abandoned by its client; cancel its task next."""
+        self._abandoned.add(request_id)
 
     async def run(self, job: Job, emit: Emit) -> LedgerEntry:
         run = _Run(job=job, picked_at=time.time())
+        try:
+            return await self._run(run, emit)
+        except asyncio.CancelledError:
+            if job.request_id not in self._abandoned:
+                raise  # shutting down: the worker hands the job back
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            gone = ClientDisconnected("the client closed the connection")
+            return self._entry(run, gone.outcome, gone.status)
+        finally:
+            self._abandoned.discard(job.request_id)
+
+    async def _run(self, run: _Run, emit: Emit) -> LedgerEntry:
+        job = run.job
         if run.picked_at >= job.deadline:
             error: GatewayError = DeadlineExceeded(
                 "the request could not start before its deadline"
@@ -191,6 +238,9 @@ class Executor:
             async with self._pool.lease(deployment) as backend:
                 request = self._request(run.job, run.job.body, deployment, started, tier)
                 response = await backend.chat(request)
+        except asyncio.CancelledError:
+            run.record(deployment, "cancelled", started, None, "cancelled during the call")
+            raise
         except BackendError as exc:
             if await self._failed(run, deployment, exc, started, None):
                 raise _Tripped(exc) from exc
@@ -250,10 +300,7 @@ class Executor:
     ) -> None:
         job = run.job
         started = time.time()
-        usage: Usage | None = None
-        produced = 0  # content tokens this attempt delivered
-        sent = 0
-        resumed = run.ttft_at is not None
+        got = _Streamed()
         try:
             async with (
                 self._pool.lease(deployment) as backend,
@@ -261,34 +308,52 @@ class Executor:
                     self._open(backend, job, body, deployment, started, tier)
                 ) as it,
             ):
-                async for chunk in it:
-                    if chunk.usage is not None:
-                        usage = chunk.usage
-                    data = chunk.data
-                    if resumed:
-                        if is_role_only(data):
-                            continue
-                        if delivered.completion_id:
-                            data = {**data, "id": delivered.completion_id}
-                    produced += delivered.add(data)
-                    if run.ttft_at is None:
-                        await self._first_chunk(run, emit, deployment, data)
-                    else:
-                        if sent == 0:
-                            self._served(run, deployment)
-                        await emit(Reply(job.request_id, "chunk", data))
-                    sent += 1
+                await self._relay(run, emit, deployment, it, delivered, got)
+        except asyncio.CancelledError:
+            # What it delivered before the call was aborted.
+            why = "cancelled during the stream"
+            run.record(deployment, "cancelled", started, got.billed(), why)
+            raise
         except BackendError as exc:
-            if usage is None and produced:
-                usage = Usage(0, produced)  # no usage from the backend: what it delivered
-            tripped = await self._failed(run, deployment, exc, started, usage)
-            if sent:
+            # No usage from the backend: what it delivered.
+            tripped = await self._failed(run, deployment, exc, started, got.billed())
+            if got.sent:
                 raise _MidStream(exc) from exc
             if tripped:
                 raise _Tripped(exc) from exc
             raise
-        run.record(deployment, "ok", started, usage, None)
+        run.record(deployment, "ok", started, got.usage, None)
         await self._succeeded(deployment)
+
+    async def _relay(
+        self,
+        run: _Run,
+        emit: Emit,
+        deployment: str,
+        chunks: AsyncIterator[ChatChunk],
+        delivered: Delivered,
+        got: _Streamed,
+    ) -> None:
+        """Send one attempt's chunks to the client, counting what it delivered in ``got``."""
+        job = run.job
+        resumed = run.ttft_at is not None
+        async for chunk in chunks:
+            if chunk.usage is not None:
+                got.usage = chunk.usage
+            data = chunk.data
+            if resumed:
+                if is_role_only(data):
+                    continue
+                if delivered.completion_id:
+                    data = {**data, "id": delivered.completion_id}
+            got.produced += delivered.add(data)
+            if run.ttft_at is None:
+                await self._first_chunk(run, emit, deployment, data)
+            else:
+                if got.sent == 0:
+                    self._served(run, deployment)
+                await emit(Reply(job.request_id, "chunk", data))
+            got.sent += 1
 
     async def _first_chunk(
         self, run: _Run, emit: Emit, deployment: str, data: dict[str, Any]

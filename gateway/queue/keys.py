@@ -58,6 +58,11 @@ class RedisKeys:
         """Stream of results and chunks for every in-flight request of one edge process."""
         return f"{self.prefix}:{{e:{edge_id}}}:replies"
 
+    @property
+    def cancels(self) -> str:
+        """Pub/sub channel: request ids whose client went away (their worker stops them)."""
+        return f"{self.prefix}:cancels"
+
     def claim(self, request_id: str) -> str:
         """Who owns a request's outcome: the worker that started it, or the edge that gave up."""
         return f"{self.prefix}:claim:{request_id}"

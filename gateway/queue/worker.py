@@ -103,6 +103,8 @@ class Worker:
         self._reclaim_idle_s = reclaim_idle_s
         self._reclaimer = Reclaimer(redis, keys, min_idle_ms=int(reclaim_idle_s * 1000))
         self._active: set[Taken] = set()
+        self._running: dict[str, asyncio.Task[None]] = {}
+        """Request id -> the task running its executor (what a cancel stops)."""
         self._stopping = False
         self._idempotency = idempotency
 
@@ -115,6 +117,7 @@ class Worker:
                 asyncio.create_task(self._reclaim(tier), name=f"tiergate-reclaim-{tier}")
             )
         self._tasks.append(asyncio.create_task(self._heartbeat(), name="tiergate-heartbeat"))
+        self._tasks.append(asyncio.create_task(self._cancels(), name="tiergate-cancels"))
         self._tasks.append(asyncio.create_task(self._renew(), name="tiergate-renew-entries"))
 
     @property
@@ -158,6 +161,36 @@ class Worker:
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
         return True
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop a job of this process whose client went away; ``False`` if none runs here.
+        It ends with outcome ``client_disconnected``, booked with the tokens produced."""
+        task = self._running.get(request_id)
+        if task is None or task.done():
+            return False
+        self._executor.abandon(request_id)
+        task.cancel()
+        return True
+
+    async def _cancels(self) -> None:
+        """Cancels published by edges of other processes (``RedisKeys.cancels``)."""
+        backoff = 0.1
+        while not self._stopping:
+            pubsub = self._blocking.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._keys.cancels)
+                backoff = 0.1
+                while not self._stopping:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None and isinstance(message.get("data"), bytes):
+                        self.cancel(message["data"].decode())
+            except (RedisError, OSError) as exc:
+                log.warning("worker cannot hear cancels: %s", type(exc).__name__)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def stop_taking(self) -> None:
         """Stop taking new jobs; the ones running go on."""
@@ -315,12 +348,18 @@ class Worker:
                     return
             emit = self._emitter(job, deliver)
             started = time.time()
-            if reservation is not None:
-                async with self._pool.holding(reservation):
-                    reservation = None
+            task = asyncio.current_task()
+            assert task is not None
+            self._running[job.request_id] = task
+            try:
+                if reservation is not None:
+                    async with self._pool.holding(reservation):
+                        reservation = None
+                        entry = await self._executor.run(job, emit)
+                else:
                     entry = await self._executor.run(job, emit)
-            else:
-                entry = await self._executor.run(job, emit)
+            finally:
+                self._running.pop(job.request_id, None)
             await self._ledger.write(entry)
             await self._note_service_time(taken.tier, time.time() - started)
         except asyncio.CancelledError:

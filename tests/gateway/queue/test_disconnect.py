@@ -1,0 +1,79 @@
+"""A client that goes away: its queued job is dropped, its running job is stopped on whichever
+worker runs it, and the ledger gets one row, ``client_disconnected`` (499) (real Redis, real
+simulator, workers in this process)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio as aioredis
+
+from gateway.queue.dispatcher import EDGE_CLAIM
+from gateway.queue.keys import RedisKeys
+from tests.gateway.queue.conftest import Collect, Edge, job, start_node
+
+
+async def _until(predicate, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.02)
+
+
+async def test_a_queued_job_whose_client_left_is_never_run(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    start_sim,  # type: ignore[no-untyped-def]
+    edge: Edge,
+) -> None:
+    sim = await start_sim(2, time_scale=0.0)
+    keys = RedisKeys(key_prefix)
+    waiting = job("r1", edge.edge_id)
+    replies = await edge.dispatcher.submit(waiting)  # no worker yet: it waits in Redis
+    assert await edge.dispatcher.abandon(waiting)  # the edge owns it now: it books the 499
+    assert await redis_conn.get(keys.claim("r1")) == EDGE_CLAIM.encode()
+    await replies.aclose()  # type: ignore[attr-defined]
+    booked = Collect()
+    node = await start_node(redis_conn, keys, [sim], booked, "w1")
+    try:
+        later = job("r2", edge.edge_id)
+        reply, _ = await edge.call(later)  # the worker is alive and serves what comes next
+    finally:
+        await node.aclose()
+    assert reply.kind == "result"
+    assert [e.request_id for e in booked.entries] == ["r2"]
+    assert sim.served == ["r2"]  # r1 never reached the backend
+
+
+async def test_a_running_job_whose_client_left_is_stopped_by_its_worker_and_booked_499(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    start_sim,  # type: ignore[no-untyped-def]
+    edge: Edge,
+) -> None:
+    sim = await start_sim(2, itl_s=0.05)  # 200 tokens: ~10 s unless stopped
+    keys = RedisKeys(key_prefix)
+    booked = Collect()
+    node = await start_node(redis_conn, keys, [sim], booked, "w-remote")
+    try:
+        running = job("r1", edge.edge_id, max_tokens=200)
+        replies = await edge.dispatcher.submit(running)
+        await _until(lambda: sim.now == 1, 10)  # the worker is calling the backend
+        started = time.monotonic()
+        assert not await edge.dispatcher.abandon(running)  # a worker owns it: told to stop
+        await _until(lambda: bool(booked.entries), 5)
+        stopped_in = time.monotonic() - started
+        await replies.aclose()  # type: ignore[attr-defined]
+        await _until(lambda: sim.now == 0, 5)  # the backend call was aborted
+    finally:
+        await node.aclose()
+    entry = booked.entries[0]
+    assert (entry.request_id, entry.outcome, entry.status_code) == (
+        "r1",
+        "client_disconnected",
+        499,
+    )
+    assert [a.outcome for a in entry.attempts] == ["cancelled"]
+    assert stopped_in < 2.0
