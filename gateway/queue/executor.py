@@ -39,6 +39,7 @@ from gateway.faults.chains import DOWNGRADE_TAG, TierFaults, is_downgrade
 from gateway.faults.continuation import Delivered, can_continue, continuation_body, is_role_only
 from gateway.faults.marks import StreamMarks
 from gateway.faults.policy import Sleep
+from gateway.observability.tracing import Tracing
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.pool import BackendPool
 from router.catalog import Catalog, Tier
@@ -127,6 +128,7 @@ class Executor:
         attempts_metric: AttemptCounter | None = None,
         sleep: Sleep = asyncio.sleep,
         stream_marks: StreamMarks | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._pool = pool
         self._prices = prices
@@ -138,8 +140,17 @@ class Executor:
         self._attempts_metric = attempts_metric
         self._sleep = sleep
         self._marks = stream_marks
+        self._tracing = tracing or Tracing.off()
 
     async def run(self, job: Job, emit: Emit) -> LedgerEntry:
+        """Serve ``job``; its ledger entry (not yet written). Traced as ``queue.wait`` and
+        ``job``, with one ``backend.attempt`` span per call."""
+        with self._tracing.job(job) as span:
+            entry = await self._run(job, emit)
+            self._tracing.job_done(span, entry)
+            return entry
+
+    async def _run(self, job: Job, emit: Emit) -> LedgerEntry:
         run = _Run(job=job, picked_at=time.time())
         if run.picked_at >= job.deadline:
             error: GatewayError = DeadlineExceeded(
@@ -187,15 +198,17 @@ class Executor:
 
     async def _call(self, run: _Run, deployment: str, tier: TierFaults) -> ChatResponse:
         started = time.time()
+        server: str | None = None
         try:
             async with self._pool.lease(deployment) as backend:
+                server = backend.address
                 request = self._request(run.job, run.job.body, deployment, started, tier)
                 response = await backend.chat(request)
         except BackendError as exc:
-            if await self._failed(run, deployment, exc, started, None):
+            if await self._failed(run, deployment, exc, started, None, server=server):
                 raise _Tripped(exc) from exc
             raise
-        run.record(deployment, "ok", started, response.usage, None)
+        self._record(run, deployment, "ok", started, response.usage, None, server=server)
         await self._succeeded(deployment)
         return response
 
@@ -254,6 +267,7 @@ class Executor:
         produced = 0  # content tokens this attempt delivered
         sent = 0
         resumed = run.ttft_at is not None
+        server: str | None = None
         try:
             async with (
                 self._pool.lease(deployment) as backend,
@@ -261,6 +275,7 @@ class Executor:
                     self._open(backend, job, body, deployment, started, tier)
                 ) as it,
             ):
+                server = backend.address
                 async for chunk in it:
                     if chunk.usage is not None:
                         usage = chunk.usage
@@ -281,13 +296,15 @@ class Executor:
         except BackendError as exc:
             if usage is None and produced:
                 usage = Usage(0, produced)  # no usage from the backend: what it delivered
-            tripped = await self._failed(run, deployment, exc, started, usage)
+            tripped = await self._failed(
+                run, deployment, exc, started, usage, server=server, resumed=resumed
+            )
             if sent:
                 raise _MidStream(exc) from exc
             if tripped:
                 raise _Tripped(exc) from exc
             raise
-        run.record(deployment, "ok", started, usage, None)
+        self._record(run, deployment, "ok", started, usage, None, server=server, resumed=resumed)
         await self._succeeded(deployment)
 
     async def _first_chunk(
@@ -381,7 +398,7 @@ class Executor:
     async def _allowed(self, run: _Run, deployment: str) -> bool:
         if self._breaker is None or await self._breaker.allow(deployment):
             return True
-        run.record(deployment, "circuit_open", time.time(), None, "circuit breaker open")
+        self._record(run, deployment, "circuit_open", time.time(), None, "circuit breaker open")
         self._count(deployment, "circuit_open")
         return False
 
@@ -392,13 +409,57 @@ class Executor:
         exc: BackendError,
         started: float,
         usage: Usage | None,
+        *,
+        server: str | None = None,
+        resumed: bool = False,
     ) -> bool:
         """Record a failed call; whether the deployment's breaker is open now."""
-        run.record(deployment, exc.kind, started, usage, str(exc))
+        self._record(
+            run, deployment, exc.kind, started, usage, str(exc), server=server, resumed=resumed
+        )
         self._count(deployment, exc.kind)
         if self._breaker is None or not exc.retryable:
             return False
         return await self._breaker.record(deployment, ok=False) is BreakerState.OPEN
+
+    def _record(
+        self,
+        run: _Run,
+        deployment: str,
+        outcome: str,
+        started: float,
+        usage: Usage | None,
+        error: str | None,
+        *,
+        server: str | None = None,
+        resumed: bool = False,
+    ) -> None:
+        """One attempt: in the ledger row, and as a ``backend.attempt`` span. Its kind says
+        why it happened: ``first``, a ``retry`` on the same deployment, a ``fallback`` to the
+        next, or a ``continuation`` of a stream that broke; ``reason``: the previous outcome."""
+        previous = run.attempts[-1] if run.attempts else None
+        run.record(deployment, outcome, started, usage, error)
+        if not self._tracing.enabled:
+            return
+        if resumed:
+            kind = "continuation"
+        elif previous is None:
+            kind = "first"
+        else:
+            kind = "retry" if previous.deployment == deployment else "fallback"
+        self._tracing.attempt(
+            deployment=deployment,
+            provider=self._provider(deployment),
+            number=len(run.attempts),
+            kind=kind,
+            reason=previous.outcome if previous is not None else None,
+            outcome=outcome,
+            started=started,
+            ended=time.time(),
+            server=server,
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+        )
 
     async def _succeeded(self, deployment: str) -> None:
         self._count(deployment, "ok")

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from gateway.accounting.writer import LedgerWriter
 from gateway.coalescer import Coalescer
 from gateway.limits.idempotency import Idempotency
+from gateway.observability.tracing import Tracing
 from gateway.queue.direct import DirectStart
 from gateway.queue.dispatcher import EDGE_CLAIM
 from gateway.queue.executor import Emit, Executor
@@ -71,6 +72,7 @@ class Worker:
         idempotency: Idempotency | None = None,
         weights: Mapping[str, float] | None = None,
         coalescer: Coalescer | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """``capacity``: per-process slots of each tier that has no replica in ``pool``;
         ``tiers``: each tier's deployments, in order; ``batch_headroom``: share of a tier's
@@ -105,6 +107,7 @@ class Worker:
         self._active: set[Taken] = set()
         self._stopping = False
         self._idempotency = idempotency
+        self._tracing = tracing or Tracing.off()
 
     def start(self) -> None:
         for tier, slots in self._capacity.items():
@@ -313,6 +316,7 @@ class Worker:
                 if owner != "mine":
                     ack = owner == "edge"  # "alive": its worker lives (slow renewal), leave it
                     return
+            self._tracing.adopt(job)  # this task's spans join the job's trace
             emit = self._emitter(job, deliver)
             started = time.time()
             if reservation is not None:
