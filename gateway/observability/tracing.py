@@ -89,14 +89,11 @@ TIER_SERVED = "tiergate.tier.served"
 RULE = "tiergate.rule"
 SCORE = "tiergate.route.score"
 PLAN = "tiergate.route.deployments"
-STREAM = "tiergate.stream"
-ERROR_CODE = "tiergate.error.code"
 OUTCOME = "tiergate.outcome"
-DEPLOYMENT = "tiergate.deployment"
 ATTEMPT = "tiergate.attempt.number"
+ATTEMPTS = "tiergate.attempts"
 ATTEMPT_KIND = "tiergate.attempt.kind"
 ATTEMPT_REASON = "tiergate.attempt.reason"
-QUEUE_MS = "tiergate.queue.wait_ms"
 PRIORITY = "tiergate.priority"
 COST = "tiergate.cost_usd"
 DOWNGRADED = "tiergate.downgraded"
@@ -107,12 +104,18 @@ def _ns(unix_s: float) -> int:
     return int(unix_s * 1e9)
 
 
+def _dropped() -> bool:
+    """Whether the current trace was sampled out: with a parent-based sampler every span under
+    it would be dropped, so none is made (the worker side of an unsampled request)."""
+    context = trace.get_current_span().get_span_context()
+    return context.is_valid and not context.trace_flags.sampled
+
+
 def note_error(code: str) -> None:
     """Put the error code of the answer being sent on the current span (the edge's request
     span), if one is recording. Used by the one place errors become HTTP responses."""
     span = trace.get_current_span()
     if span.is_recording():
-        span.set_attribute(ERROR_CODE, code)
         span.set_attribute(ERROR_TYPE, code)
 
 
@@ -230,9 +233,11 @@ class Tracing:
     @staticmethod
     def end_request(span: Span, status: int, request_id: str | None) -> None:
         if span.is_recording():
-            span.set_attribute(HTTP_STATUS, status)
-            if request_id:
-                span.set_attribute(REQUEST_ID, request_id)
+            span.set_attributes(
+                {HTTP_STATUS: status, REQUEST_ID: request_id}
+                if request_id
+                else {HTTP_STATUS: status}
+            )
             if status >= 500:
                 span.set_status(Status(StatusCode.ERROR))
         span.end()
@@ -282,12 +287,9 @@ class Tracing:
         if not span.is_recording():
             return
         attributes: dict[str, Any] = {
-            STREAM: stream,
             GEN_AI_STREAM: stream,
-            OUTCOME: outcome,
             GEN_AI_INPUT_TOKENS: int(meta.get("prompt_tokens", 0)),
             GEN_AI_OUTPUT_TOKENS: int(meta.get("completion_tokens", 0)),
-            QUEUE_MS: float(meta.get("queue_ms", 0.0)),
         }
         if meta.get("deployment"):
             attributes[GEN_AI_RESPONSE_MODEL] = str(meta["deployment"])
@@ -295,7 +297,6 @@ class Tracing:
         if meta.get("cost_usd") is not None:
             attributes[COST] = str(meta["cost_usd"])
         if outcome != "ok":
-            attributes[ERROR_CODE] = outcome
             attributes[ERROR_TYPE] = outcome
         span.set_attributes(attributes)
         if outcome == "stream_error":
@@ -310,18 +311,10 @@ class Tracing:
         span = trace.get_current_span()
         if not span.is_recording():
             return
-        span.set_attributes(
-            {
-                TENANT: tenant,
-                STREAM: stream,
-                GEN_AI_STREAM: stream,
-                OUTCOME: error.outcome,
-                ERROR_CODE: error.code,
-                ERROR_TYPE: error.code,
-            }
-        )
+        attributes: dict[str, Any] = {TENANT: tenant, GEN_AI_STREAM: stream, ERROR_TYPE: error.code}
         if requested_model:
-            span.set_attribute(GEN_AI_REQUEST_MODEL, requested_model)
+            attributes[GEN_AI_REQUEST_MODEL] = requested_model
+        span.set_attributes(attributes)
 
     # -- the worker -------------------------------------------------------------------------
 
@@ -337,22 +330,22 @@ class Tracing:
     @contextlib.contextmanager
     def job(self, job: Job) -> Iterator[Span | None]:
         """``queue.wait`` (enqueue → now), then the ``job`` span, current while it runs."""
-        if not self.enabled:
+        if not self.enabled or _dropped():
             yield None
             return
         now = time.time_ns()
-        common = {REQUEST_ID: job.request_id, TENANT: job.tenant, TIER: job.plan.tier.value}
+        tier = job.plan.tier.value
         wait = self._tracer.start_span(
             "queue.wait",
             start_time=min(_ns(job.enqueued_at), now),
-            attributes={**common, PRIORITY: job.priority},
+            attributes={TIER: tier, PRIORITY: job.priority},
         )
         wait.end(end_time=now)
         span = self._tracer.start_span(
             "job",
             kind=SpanKind.CONSUMER,
             start_time=now,
-            attributes={**common, STREAM: job.stream, RULE: job.plan.rule},
+            attributes={REQUEST_ID: job.request_id, TIER: tier, GEN_AI_STREAM: job.stream},
         )
         with _current(span):
             yield span
@@ -361,17 +354,9 @@ class Tracing:
     def job_done(span: Span | None, entry: LedgerEntry) -> None:
         if span is None or not span.is_recording():
             return
-        attributes: dict[str, Any] = {
-            OUTCOME: entry.outcome,
-            HTTP_STATUS: entry.status_code,
-            GEN_AI_INPUT_TOKENS: entry.prompt_tokens,
-            GEN_AI_OUTPUT_TOKENS: entry.completion_tokens,
-            "tiergate.attempts": len(entry.attempts),
-        }
+        attributes: dict[str, Any] = {OUTCOME: entry.outcome, ATTEMPTS: len(entry.attempts)}
         if entry.deployment:
             attributes[GEN_AI_RESPONSE_MODEL] = entry.deployment
-        if entry.cost_usd is not None:
-            attributes[COST] = str(entry.cost_usd)
         if entry.outcome != "ok":
             attributes[ERROR_TYPE] = entry.outcome
             span.set_status(Status(StatusCode.ERROR))
@@ -396,19 +381,19 @@ class Tracing:
     ) -> None:
         """One backend call (or breaker skip) that took ``started``..``ended`` (Unix s), as a
         child of the current (``job``) span."""
-        if not self.enabled:
+        if not self.enabled or _dropped():
             return
         attributes: dict[str, Any] = {
-            DEPLOYMENT: deployment,
             GEN_AI_OPERATION: "chat",
             GEN_AI_PROVIDER: provider,
             GEN_AI_REQUEST_MODEL: deployment,
             ATTEMPT: number,
             ATTEMPT_KIND: kind,
             OUTCOME: outcome,
-            GEN_AI_INPUT_TOKENS: input_tokens,
-            GEN_AI_OUTPUT_TOKENS: output_tokens,
         }
+        if input_tokens or output_tokens:
+            attributes[GEN_AI_INPUT_TOKENS] = input_tokens
+            attributes[GEN_AI_OUTPUT_TOKENS] = output_tokens
         if reason:
             attributes[ATTEMPT_REASON] = reason
         if server:
@@ -416,9 +401,7 @@ class Tracing:
             attributes[SERVER_ADDRESS] = host or server
             if port.isdigit():
                 attributes[SERVER_PORT] = int(port)
-        if outcome == "ok":
-            attributes[GEN_AI_RESPONSE_MODEL] = deployment
-        else:
+        if outcome != "ok":
             attributes[ERROR_TYPE] = outcome
         span = self._tracer.start_span(
             "backend.attempt", kind=SpanKind.CLIENT, start_time=_ns(started), attributes=attributes
@@ -432,12 +415,10 @@ class Tracing:
     ) -> None:
         """``write(entry)`` in a ``ledger.write`` span; it returns where the entry went
         (``stream`` or ``sql``, the span's ``tiergate.ledger.sink``)."""
-        if not self.enabled:
+        if not self.enabled or _dropped():
             await write(entry)
             return
-        span = self._tracer.start_span(
-            "ledger.write", attributes={REQUEST_ID: entry.request_id, OUTCOME: entry.outcome}
-        )
+        span = self._tracer.start_span("ledger.write")
         with _current(span):
             sink = await write(entry)
             span.set_attribute(LEDGER_SINK, sink)
@@ -447,15 +428,16 @@ class Tracing:
 def _current(span: Span) -> Iterator[None]:
     """``span`` current while the block runs, ended after it. An exception marks it failed
     with its type only (messages may quote the request: no ``record_exception``)."""
+    token = otel_context.attach(trace.set_span_in_context(span))
     try:
-        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-            yield
+        yield
     except BaseException as exc:
         if span.is_recording():
             span.set_attribute(ERROR_TYPE, type(exc).__qualname__)
             span.set_status(Status(StatusCode.ERROR))
         raise
     finally:
+        otel_context.detach(token)
         span.end()
 
 

@@ -201,7 +201,7 @@ class Executor:
         server: str | None = None
         try:
             async with self._pool.lease(deployment) as backend:
-                server = backend.address
+                server = backend.address if self._tracing.enabled else None
                 request = self._request(run.job, run.job.body, deployment, started, tier)
                 response = await backend.chat(request)
         except BackendError as exc:
@@ -275,7 +275,7 @@ class Executor:
                     self._open(backend, job, body, deployment, started, tier)
                 ) as it,
             ):
-                server = backend.address
+                server = backend.address if self._tracing.enabled else None
                 async for chunk in it:
                     if chunk.usage is not None:
                         usage = chunk.usage
