@@ -27,6 +27,7 @@ from backends.sim import PROFILES, create_sim_app
 from gateway.app import create_app
 from gateway.observability import tracing as tracing_module
 from gateway.observability.tracing import Tracing, TracingMiddleware
+from gateway.queue.direct import DIRECT_LANE
 from gateway.services import Services, open_services
 from gateway.settings import load_settings
 from tests.support import free_port, gateway_config
@@ -425,3 +426,44 @@ def test_service_name_defaults_and_env(no_otel_env: None, monkeypatch: pytest.Mo
     monkeypatch.setenv("OTEL_SERVICE_NAME", "gateway-eu")
     assert service_name() == "gateway-eu"
     assert service_name(service_name="mine") == "mine"
+
+
+async def test_direct_start_in_the_edges_own_worker_keeps_the_tree(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """Edge and worker in one service (``tiergate serve``): an idle tier starts the job at once
+    in this process (no reply stream); its spans still hang under the request span."""
+    async with sims(SMALL) as ports:
+        path = gateway_config(
+            workdir=tmp_path,
+            redis_url=redis_url,
+            prefix=key_prefix,
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'tiergate.db'}",
+            sim_ports=ports,
+            port=free_port(),
+            admin_port=free_port(),
+        )
+        exporter = InMemorySpanExporter()
+        tracing = Tracing.with_exporter(exporter, batch=False)
+        async with open_services(load_settings(path), dev=True, tracing=tracing) as services:
+            app = create_app(services=services)
+            app.state.services = services
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                reply = await client.post(
+                    "/v1/chat/completions", json=chat("hi"), headers=headers()
+                )
+            assert reply.status_code == 200, reply.text
+            direct = services.redis_keys.jobs("small", DIRECT_LANE, "initech")
+            assert await services.redis.sismember(services.redis_keys.streams("small"), direct)
+            deadline = time.monotonic() + 10
+            while "ledger.write" not in names(exporter.get_finished_spans()):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+        await tracing.aclose()
+    spans = exporter.get_finished_spans()
+    root = one(spans, "chat.completions").context.span_id
+    assert len({s.context.trace_id for s in spans}) == 1
+    for name in ("route", "queue.wait", "job", "ledger.write"):
+        assert parent_of(one(spans, name)) == root, name
+    assert parent_of(one(spans, "backend.attempt")) == one(spans, "job").context.span_id

@@ -24,4 +24,3 @@ def test_without_tracing_the_encoding_is_unchanged_and_old_jobs_decode() -> None
     assert "traceparent" not in data  # tracing off: not a byte more per job
     decoded = Job.decode(orjson.dumps(data))  # as a worker gets a job queued before the field
     assert decoded == plain and decoded.traceparent is None
-
