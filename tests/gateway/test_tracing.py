@@ -90,20 +90,25 @@ async def sims(*profiles: str) -> AsyncIterator[dict[str, int]]:
             await runner.cleanup()
 
 
+def config_file(tmp_path: Path, redis_url: str, key_prefix: str, ports: dict[str, int]) -> Path:
+    """The example config on the test's Redis prefix, SQLite and simulators."""
+    return gateway_config(
+        workdir=tmp_path,
+        redis_url=redis_url,
+        prefix=key_prefix,
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'tiergate.db'}",
+        sim_ports=ports,
+        port=free_port(),
+        admin_port=free_port(),
+    )
+
+
 @contextlib.asynccontextmanager
 async def traced_stack(
     tmp_path: Path, redis_url: str, key_prefix: str, *, sample_ratio: float = 1.0
 ) -> AsyncIterator[Traced]:
     async with sims(SMALL, LARGE) as ports:
-        path = gateway_config(
-            workdir=tmp_path,
-            redis_url=redis_url,
-            prefix=key_prefix,
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'tiergate.db'}",
-            sim_ports=ports,
-            port=free_port(),
-            admin_port=free_port(),
-        )
+        path = config_file(tmp_path, redis_url, key_prefix, ports)
         config = yaml.safe_load(path.read_text())
         config["fallback"]["tiers"]["small"]["retry"].update(
             backoff_initial_s=0.01, backoff_max_s=0.02, jitter_s=0.0
@@ -347,15 +352,7 @@ async def test_off_means_no_middleware_and_no_traceparent(
     tmp_path: Path, redis_url: str, key_prefix: str
 ) -> None:
     async with sims(SMALL) as ports:
-        path = gateway_config(
-            workdir=tmp_path,
-            redis_url=redis_url,
-            prefix=key_prefix,
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'tiergate.db'}",
-            sim_ports=ports,
-            port=free_port(),
-            admin_port=free_port(),
-        )
+        path = config_file(tmp_path, redis_url, key_prefix, ports)
         settings = load_settings(path)
         assert settings.tracing.enabled is False
         async with open_services(settings, dev=True, workers=False) as services:
@@ -434,15 +431,7 @@ async def test_direct_start_in_the_edges_own_worker_keeps_the_tree(
     """Edge and worker in one service (``tiergate serve``): an idle tier starts the job at once
     in this process (no reply stream); its spans still hang under the request span."""
     async with sims(SMALL) as ports:
-        path = gateway_config(
-            workdir=tmp_path,
-            redis_url=redis_url,
-            prefix=key_prefix,
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'tiergate.db'}",
-            sim_ports=ports,
-            port=free_port(),
-            admin_port=free_port(),
-        )
+        path = config_file(tmp_path, redis_url, key_prefix, ports)
         exporter = InMemorySpanExporter()
         tracing = Tracing.with_exporter(exporter, batch=False)
         async with open_services(load_settings(path), dev=True, tracing=tracing) as services:
