@@ -40,7 +40,7 @@ import aiohttp
 
 from backends.errors import BackendProtocolError, BackendStreamCut
 from backends.http_errors import error_from_litellm
-from backends.openai_http import StreamClock, forwarded_headers, has_finish_reason
+from backends.openai_http import StreamClock, forwarded_headers, has_finish_reason, host_port
 from backends.types import ChatChunk, ChatRequest, ChatResponse, Usage
 
 __all__ = ["OPENAI_CHAT_PARAMS", "LiteLLMBackend", "load_litellm"]
@@ -130,6 +130,10 @@ class LiteLLMBackend:
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def address(self) -> str | None:
+        return host_port(self._api_base) if self._api_base else None
 
     def __repr__(self) -> str:
         return f"LiteLLMBackend(name={self._name!r}, model={self._model!r})"

@@ -44,6 +44,7 @@ __all__ = [
     "chat_completions_url",
     "forwarded_headers",
     "has_finish_reason",
+    "host_port",
 ]
 
 _log = logging.getLogger(__name__)
@@ -58,6 +59,12 @@ def chat_completions_url(base_url: str) -> URL:
     if not base.endswith("/v1"):
         base += "/v1"
     return URL(base + "/chat/completions")
+
+
+def host_port(url: URL | str) -> str | None:
+    """``host:port`` of ``url`` (the scheme's default port when it names none)."""
+    parsed = URL(url) if isinstance(url, str) else url
+    return f"{parsed.host}:{parsed.port}" if parsed.host and parsed.port else None
 
 
 class VLLMBackend:
@@ -107,6 +114,10 @@ class VLLMBackend:
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def address(self) -> str | None:
+        return host_port(self._url)
 
     def __repr__(self) -> str:
         return f"VLLMBackend(name={self._name!r}, url={str(self._url)!r})"

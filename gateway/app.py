@@ -13,6 +13,7 @@ from gateway import dashboard
 from gateway.api import admin_keys, admin_tenants, chat, explain, health, models, reports, rules
 from gateway.api.errors import install_error_handlers
 from gateway.auth.access import PUBLIC, access
+from gateway.observability.tracing import TracingMiddleware
 from gateway.services import Services, open_services
 from gateway.settings import Settings
 
@@ -50,6 +51,13 @@ def create_app(
         redoc_url=None,
     )
     install_error_handlers(app)
+    traced = (
+        services.tracing.enabled
+        if services is not None
+        else bool(settings and settings.tracing.enabled)
+    )
+    if traced:  # off: no middleware at all, nothing on the request path
+        app.add_middleware(TracingMiddleware)
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(reports.router)

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import aiohttp
@@ -44,6 +44,7 @@ from gateway.faults.wiring import (
 from gateway.limits.idempotency import Idempotency
 from gateway.limits.rate import RateLimiter
 from gateway.metrics import Metrics
+from gateway.observability.tracing import Tracing
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.connection import redis_client
 from gateway.queue.dispatcher import Dispatcher
@@ -109,6 +110,8 @@ class Services:
     """Routing rules (SQL versions, hot reload) and sticky conversations (docs/rules.md)."""
     budgets: BudgetBook | None = None
     """Tenant budgets: reservations before a request runs, settled by the ledger writer."""
+    tracing: Tracing = field(default_factory=Tracing.off)
+    """OpenTelemetry traces of this service (``Tracing.off()`` unless ``tracing.enabled``)."""
 
 
 def build_catalog(settings: Settings, prices: PriceBook | None = None) -> Catalog:
@@ -189,10 +192,19 @@ def _tier_capacity(settings: Settings) -> dict[str, int]:
 
 @contextlib.asynccontextmanager
 async def open_services(
-    settings: Settings, *, dev: bool = False, workers: bool = True
+    settings: Settings,
+    *,
+    dev: bool = False,
+    workers: bool = True,
+    tracing: Tracing | None = None,
 ) -> AsyncIterator[Services]:
-    """Build every service; close them all, in reverse order, on exit."""
+    """Build every service; close them all, in reverse order, on exit. ``tracing``: the
+    caller's own (tests); by default one is built from ``settings.tracing`` and flushed last."""
     async with contextlib.AsyncExitStack() as stack:
+        edge_id = secrets.token_hex(8)
+        if tracing is None:
+            tracing = Tracing.from_settings(settings.tracing, instance_id=edge_id)
+            stack.push_async_callback(tracing.aclose)  # after everything that makes spans
         keys = KeyStore.from_settings(settings, dev=dev)
         url = settings.redis.url
         if url is None:
@@ -225,6 +237,7 @@ async def open_services(
             prices=prices,
             budgets=budgets,
             coalescer=coalescer,
+            tracing=tracing,
         )
         catalog = build_catalog(settings, prices)
         rules = await open_rules(settings, redis, catalog, stack)
@@ -243,7 +256,6 @@ async def open_services(
         stack.push_async_callback(auth.aclose)
         keys = keys.with_runtime(auth)
 
-        edge_id = secrets.token_hex(8)
         replies = ReplyRouter(blocking, redis_keys.replies(edge_id))
         replies.start()
         stack.push_async_callback(replies.aclose)
@@ -305,6 +317,7 @@ async def open_services(
                 faults=tier_faults(settings.fallback),
                 continuation=settings.fallback.continuation,
                 stream_marks=StreamMarks(redis, settings.redis.key_prefix),
+                tracing=tracing,
             )
             worker = Worker(
                 redis=redis,
@@ -321,6 +334,7 @@ async def open_services(
                 idempotency=idempotency,
                 weights=weights(settings),
                 coalescer=coalescer,
+                tracing=tracing,
             )
             sink = LedgerSink(
                 redis=redis,
@@ -373,4 +387,5 @@ async def open_services(
             breaker_watch=breaker_watch,
             rules=rules,
             budgets=budgets,
+            tracing=tracing,
         )

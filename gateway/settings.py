@@ -45,6 +45,7 @@ __all__ = [
     "TenantSettings",
     "TierFaultSettings",
     "TimeoutSettings",
+    "TracingSettings",
     "load_settings",
 ]
 
@@ -286,6 +287,27 @@ class LoggingSettings(_Strict):
     """Put the request's messages in its access log line; off: no prompt text in any log."""
 
 
+class TracingSettings(_Strict):
+    """OpenTelemetry traces over OTLP/HTTP (docs/observability.md#traces); off by default."""
+
+    enabled: bool = False
+    endpoint: str | None = None
+    """Base URL of the collector's OTLP/HTTP receiver (``http://otel-collector:4318``;
+    ``/v1/traces`` is appended). ``None``: the standard ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
+    or ``OTEL_EXPORTER_OTLP_ENDPOINT`` variables, else ``http://localhost:4318``."""
+    service_name: str | None = None
+    """``service.name`` of the spans; ``None``: ``OTEL_SERVICE_NAME``, else ``tiergate``."""
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of new traces recorded (parent-based: a request that arrives with a
+    ``traceparent`` follows the caller's sampling decision, and a job its request's)."""
+    headers_env: dict[str, str] = Field(default_factory=dict)
+    """Exporter headers, each naming the environment variable that holds its value
+    (``{"authorization": "TIERGATE_OTLP_AUTH"}``); never the value itself."""
+    export_timeout_s: float = Field(default=10.0, gt=0)
+    max_queue_size: int = Field(default=2048, ge=1)
+    """Ended spans buffered for export; beyond it new ones are dropped (never blocks)."""
+
+
 class SimulatorSettings(_Strict):
     """A simulator ``tiergate up`` starts (for development and the demo)."""
 
@@ -312,6 +334,7 @@ class Settings(BaseSettings):
     router: RouterSettings = RouterSettings()
     rules: RulesSettings = RulesSettings()
     logging: LoggingSettings = LoggingSettings()
+    tracing: TracingSettings = TracingSettings()
     fallback: FallbackSettings = FallbackSettings()
     deployments: tuple[DeploymentSettings, ...] = ()
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)

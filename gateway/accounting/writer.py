@@ -24,6 +24,7 @@ from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import Ledger, LedgerEntry
 from gateway.accounting.throughput import ThroughputMeter
 from gateway.coalescer import Coalescer
+from gateway.observability.tracing import Tracing
 
 __all__ = ["LedgerWriter"]
 
@@ -43,6 +44,7 @@ class LedgerWriter:
         refresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         coalescer: Coalescer | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """``coalescer``: events go out in the same pipeline as other requests' bookkeeping."""
         self._redis = redis
@@ -55,8 +57,13 @@ class LedgerWriter:
         self._refresh_s = refresh_s
         self._clock = clock
         self._refreshed_at: float | None = None
+        self._tracing = tracing or Tracing.off()
 
     async def write(self, entry: LedgerEntry) -> None:
+        await self._tracing.ledger_write(entry, self._write)
+
+    async def _write(self, entry: LedgerEntry) -> str:
+        """Where the entry went: ``stream`` or ``sql``."""
         fields: dict[FieldT, EncodableT] = {"e": encode_entry(entry)}
         try:
             if self._coalescer is not None:
@@ -68,12 +75,13 @@ class LedgerWriter:
         else:
             await self._settle_budgets(entry)
             await self._meter_gpu_tokens(entry)
-            return
+            return "stream"
         try:
             await self._ledger.record(entry)
         except (SQLAlchemyError, OSError):
             log.exception("ledger entry %s could not be written anywhere", entry.request_id)
             raise
+        return "sql"
 
     async def _settle_budgets(self, entry: LedgerEntry) -> None:
         if self._budgets is None:

@@ -46,6 +46,9 @@ async def book_refusal(
         stream=stream,
         latency_ms=(time.time() - received_at) * 1000,
     )
+    services.tracing.refused(
+        error, tenant=entry.tenant, requested_model=requested_model, stream=stream
+    )
     services.metrics.requests.labels(
         entry.tenant, entry.tier or "none", entry.deployment or "none", entry.outcome
     ).inc()

@@ -43,6 +43,7 @@ def observe_plan(services: Services, tenant: str, plan: RoutePlan, seconds: floa
     metrics.route_decisions.labels(tenant, plan.tier.value, plan.rule).inc()
     if plan.score is not None:
         metrics.classifier_score.labels(tenant).observe(plan.score)
+    services.tracing.routed(tenant, plan, seconds)
 
 
 @router.post("/v1/chat/completions", openapi_extra=chat_request_openapi())
@@ -93,6 +94,7 @@ async def chat_completions(
             tags=admitted.meta.tags,
             priority=plan.priority or admitted.meta.priority or policy_priority,
             idempotency_key=admitted.meta.idempotency_key,
+            traceparent=services.tracing.traceparent(),
         )
         if services.rate_limits is not None:
             await services.rate_limits.admit(

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.observability.tracing import note_error
 
 __all__ = ["error_response", "install_error_handlers", "raw_error_response"]
 
@@ -28,6 +29,7 @@ def error_response(request: Request, error: GatewayError) -> JSONResponse:
         headers["retry-after"] = str(max(1, math.ceil(error.retry_after)))
     if error.status == 401:
         headers["www-authenticate"] = "Bearer"
+    note_error(error.code)
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 

@@ -116,6 +116,7 @@ class RelayContext:
             "cost_usd": cost,
         }
         log_request(fields, prompt=self.prompt)
+        self.services.tracing.answered(meta, outcome, stream)
 
     def observe_first_chunk(self, meta: Mapping[str, Any]) -> None:
         tier = str(meta.get("tier") or "none")

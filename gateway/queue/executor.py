@@ -49,6 +49,7 @@ from gateway.faults.chains import DOWNGRADE_TAG, TierFaults, is_downgrade
 from gateway.faults.continuation import Delivered, can_continue, continuation_body, is_role_only
 from gateway.faults.marks import StreamMarks
 from gateway.faults.policy import Sleep
+from gateway.observability.tracing import Tracing
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.pool import BackendPool
 from router.catalog import Catalog, Tier
@@ -154,6 +155,7 @@ class Executor:
         attempts_metric: AttemptCounter | None = None,
         sleep: Sleep = asyncio.sleep,
         stream_marks: StreamMarks | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._pool = pool
         self._prices = prices
@@ -165,6 +167,7 @@ class Executor:
         self._attempts_metric = attempts_metric
         self._sleep = sleep
         self._marks = stream_marks
+        self._tracing = tracing or Tracing.off()
         self._abandoned: set[str] = set()
 
     def abandon(self, request_id: str) -> None:
@@ -172,6 +175,15 @@ class Executor:
         self._abandoned.add(request_id)
 
     async def run(self, job: Job, emit: Emit) -> LedgerEntry:
+        """Serve ``job``; its ledger entry (not yet written). Traced as ``queue.wait`` and
+        ``job``, with one ``backend.attempt`` span per call."""
+        with self._tracing.job(job) as span:
+            entry = await self._guarded(job, emit)
+            self._tracing.job_done(span, entry)
+            return entry
+
+    async def _guarded(self, job: Job, emit: Emit) -> LedgerEntry:
+        """``_run``, ended as ``client_disconnected`` when the job is abandoned."""
         run = _Run(job=job, picked_at=time.time())
         try:
             return await self._run(run, emit)
@@ -234,18 +246,21 @@ class Executor:
 
     async def _call(self, run: _Run, deployment: str, tier: TierFaults) -> ChatResponse:
         started = time.time()
+        server: str | None = None
         try:
             async with self._pool.lease(deployment) as backend:
+                server = backend.address if self._tracing.enabled else None
                 request = self._request(run.job, run.job.body, deployment, started, tier)
                 response = await backend.chat(request)
         except asyncio.CancelledError:
-            run.record(deployment, "cancelled", started, None, "cancelled during the call")
+            why = "cancelled during the call"
+            self._record(run, deployment, "cancelled", started, None, why, server=server)
             raise
         except BackendError as exc:
-            if await self._failed(run, deployment, exc, started, None):
+            if await self._failed(run, deployment, exc, started, None, server=server):
                 raise _Tripped(exc) from exc
             raise
-        run.record(deployment, "ok", started, response.usage, None)
+        self._record(run, deployment, "ok", started, response.usage, None, server=server)
         await self._succeeded(deployment)
         return response
 
@@ -301,6 +316,8 @@ class Executor:
         job = run.job
         started = time.time()
         got = _Streamed()
+        resumed = run.ttft_at is not None
+        server: str | None = None
         try:
             async with (
                 self._pool.lease(deployment) as backend,
@@ -308,21 +325,29 @@ class Executor:
                     self._open(backend, job, body, deployment, started, tier)
                 ) as it,
             ):
+                server = backend.address if self._tracing.enabled else None
                 await self._relay(run, emit, deployment, it, delivered, got)
         except asyncio.CancelledError:
             # What it delivered before the call was aborted.
             why = "cancelled during the stream"
-            run.record(deployment, "cancelled", started, got.billed(), why)
+            self._record(
+                run, deployment, "cancelled", started, got.billed(), why,
+                server=server, resumed=resumed,
+            )  # fmt: skip
             raise
         except BackendError as exc:
             # No usage from the backend: what it delivered.
-            tripped = await self._failed(run, deployment, exc, started, got.billed())
+            tripped = await self._failed(
+                run, deployment, exc, started, got.billed(), server=server, resumed=resumed
+            )
             if got.sent:
                 raise _MidStream(exc) from exc
             if tripped:
                 raise _Tripped(exc) from exc
             raise
-        run.record(deployment, "ok", started, got.usage, None)
+        self._record(
+            run, deployment, "ok", started, got.usage, None, server=server, resumed=resumed
+        )
         await self._succeeded(deployment)
 
     async def _relay(
@@ -446,7 +471,7 @@ class Executor:
     async def _allowed(self, run: _Run, deployment: str) -> bool:
         if self._breaker is None or await self._breaker.allow(deployment):
             return True
-        run.record(deployment, "circuit_open", time.time(), None, "circuit breaker open")
+        self._record(run, deployment, "circuit_open", time.time(), None, "circuit breaker open")
         self._count(deployment, "circuit_open")
         return False
 
@@ -457,13 +482,57 @@ class Executor:
         exc: BackendError,
         started: float,
         usage: Usage | None,
+        *,
+        server: str | None = None,
+        resumed: bool = False,
     ) -> bool:
         """Record a failed call; whether the deployment's breaker is open now."""
-        run.record(deployment, exc.kind, started, usage, str(exc))
+        self._record(
+            run, deployment, exc.kind, started, usage, str(exc), server=server, resumed=resumed
+        )
         self._count(deployment, exc.kind)
         if self._breaker is None or not exc.retryable:
             return False
         return await self._breaker.record(deployment, ok=False) is BreakerState.OPEN
+
+    def _record(
+        self,
+        run: _Run,
+        deployment: str,
+        outcome: str,
+        started: float,
+        usage: Usage | None,
+        error: str | None,
+        *,
+        server: str | None = None,
+        resumed: bool = False,
+    ) -> None:
+        """One attempt: in the ledger row, and as a ``backend.attempt`` span. Its kind says
+        why it happened: ``first``, a ``retry`` on the same deployment, a ``fallback`` to the
+        next, or a ``continuation`` of a stream that broke; ``reason``: the previous outcome."""
+        previous = run.attempts[-1] if run.attempts else None
+        run.record(deployment, outcome, started, usage, error)
+        if not self._tracing.enabled:
+            return
+        if resumed:
+            kind = "continuation"
+        elif previous is None:
+            kind = "first"
+        else:
+            kind = "retry" if previous.deployment == deployment else "fallback"
+        self._tracing.attempt(
+            deployment=deployment,
+            provider=self._provider(deployment),
+            number=len(run.attempts),
+            kind=kind,
+            reason=previous.outcome if previous is not None else None,
+            outcome=outcome,
+            started=started,
+            ended=time.time(),
+            server=server,
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+        )
 
     async def _succeeded(self, deployment: str) -> None:
         self._count(deployment, "ok")

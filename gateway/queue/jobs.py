@@ -33,6 +33,9 @@ class Job:
     priority: str = "standard"
     idempotency_key: str | None = None
     """A repeat with the same key (same tenant) gets this job's answer instead of running."""
+    traceparent: str | None = None
+    """W3C trace context of the edge's request span (tracing on); the worker's spans join it.
+    Not encoded when ``None``; optional when decoding (jobs queued before it existed)."""
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -51,6 +54,7 @@ class Job:
                 "tags": list(self.tags),
                 "priority": self.priority,
                 "idempotency_key": self.idempotency_key,
+                **({"traceparent": self.traceparent} if self.traceparent else {}),
             }
         )
 
@@ -72,6 +76,7 @@ class Job:
             tags=tuple(data.get("tags", ())),
             priority=data.get("priority", "standard"),
             idempotency_key=data.get("idempotency_key"),
+            traceparent=data.get("traceparent"),
         )
 
 

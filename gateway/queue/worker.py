@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from gateway.accounting.writer import LedgerWriter
 from gateway.coalescer import Coalescer
 from gateway.limits.idempotency import Idempotency
+from gateway.observability.tracing import Tracing
 from gateway.queue.direct import DirectStart
 from gateway.queue.dispatcher import EDGE_CLAIM
 from gateway.queue.executor import Emit, Executor
@@ -71,6 +72,7 @@ class Worker:
         idempotency: Idempotency | None = None,
         weights: Mapping[str, float] | None = None,
         coalescer: Coalescer | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """``capacity``: per-process slots of each tier that has no replica in ``pool``;
         ``tiers``: each tier's deployments, in order; ``batch_headroom``: share of a tier's
@@ -107,6 +109,7 @@ class Worker:
         """Request id -> the task running its executor (what a cancel stops)."""
         self._stopping = False
         self._idempotency = idempotency
+        self._tracing = tracing or Tracing.off()
 
     def start(self) -> None:
         for tier, slots in self._capacity.items():
@@ -346,6 +349,7 @@ class Worker:
                 if owner != "mine":
                     ack = owner == "edge"  # "alive": its worker lives (slow renewal), leave it
                     return
+            self._tracing.adopt(job)  # this task's spans join the job's trace
             emit = self._emitter(job, deliver)
             started = time.time()
             task = asyncio.current_task()

@@ -46,3 +46,30 @@ def test_bad_config_is_rejected(tmp_path: Path, yaml_text: str) -> None:
     path.write_text(yaml_text)
     with pytest.raises(ValidationError):
         load_settings(path)
+
+
+def test_tracing_is_off_in_the_example_and_set_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings(EXAMPLE).tracing.enabled is False
+    monkeypatch.setenv("TIERGATE_TRACING__ENABLED", "true")
+    monkeypatch.setenv("TIERGATE_TRACING__ENDPOINT", "http://otel-collector:4318")
+    monkeypatch.setenv("TIERGATE_TRACING__SAMPLE_RATIO", "0.25")
+    monkeypatch.setenv("TIERGATE_TRACING__HEADERS_ENV", '{"authorization": "OTLP_AUTH"}')
+    tracing = load_settings(EXAMPLE).tracing
+    assert tracing.enabled is True
+    assert tracing.endpoint == "http://otel-collector:4318"
+    assert tracing.sample_ratio == 0.25
+    assert tracing.headers_env == {"authorization": "OTLP_AUTH"}
+
+
+@pytest.mark.parametrize(
+    "yaml_text",
+    [
+        "tracing: {sample_ratio: 1.5}\n",
+        "tracing: {headers: {authorization: Bearer x}}\n",  # values only by env reference
+    ],
+)
+def test_bad_tracing_config_is_rejected(tmp_path: Path, yaml_text: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ValidationError):
+        load_settings(path)
