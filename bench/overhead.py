@@ -14,6 +14,7 @@ Writes ``bench/results/overhead.json`` and ``overhead.png`` and prints the READM
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import platform
@@ -24,6 +25,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -236,7 +238,8 @@ class Stack:
     def gateway_pid(self) -> int | None:
         if self.gateway is not None:
             return self.gateway.popen.pid
-        return self.args.through_pid
+        pid: int | None = self.args.through_pid
+        return pid
 
     def direct(self) -> Target:
         url = f"http://127.0.0.1:{self.sim_port}/v1/chat/completions"
@@ -254,10 +257,14 @@ class Stack:
 
     def metrics_url(self) -> str | None:
         if self.args.through_url:
-            return self.args.through_metrics_url
+            url: str | None = self.args.through_metrics_url
+            return url
         return f"http://127.0.0.1:{self.admin_port}/metrics"
 
     def close(self) -> None:
+        for proc in (self.gateway, self.sim):  # both at once: the gateway drains for a second
+            if proc is not None and proc.popen.poll() is None:
+                proc.popen.terminate()
         self.stop_gateway()
         self.stop_sim()
         if self.redis is not None:
@@ -289,6 +296,23 @@ async def prepare_tiergate(stack: Stack, prompts: list[list[dict[str, str]]]) ->
                 plan = await resp.json()
             if plan.get("tier") != "small" or (plan.get("deployments") or [None])[0] != MODEL:
                 raise RuntimeError(f"a bench prompt is not routed to {MODEL}: {plan}")
+
+
+async def wait_answering(
+    target: Target, messages: list[dict[str, str]], timeout_s: float = 60
+) -> None:
+    """Until ``target`` streams an answer again (after the simulator behind it restarted)."""
+    body = {"model": target.model, "messages": messages, "max_tokens": 2, "stream": True}
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.post(target.url, json=body, headers=target.headers) as resp:
+                    if resp.status == 200 and (await resp.read()).rstrip().endswith(b"[DONE]"):
+                        return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{target.url} does not answer after the simulator restart")
+            await asyncio.sleep(0.2)
 
 
 # --- metrics ------------------------------------------------------------------------------
@@ -589,7 +613,8 @@ async def soak(stack: Stack, prompts: list[list[dict[str, str]]]) -> dict[str, A
     errors: dict[str, int] = {}
     sent = 0
     async with new_session(0) as session:
-        await open_block(session, through, prompts, rate=args.soak_rps, duration_s=2)
+        warmup_s = min(2.0, args.soak_s)
+        await open_block(session, through, prompts, rate=args.soak_rps, duration_s=warmup_s)
         rss_before = proc_rss_mb(pid)
         series: list[tuple[float, float | None]] = [(0.0, rss_before)]
         started, cpu0 = time.perf_counter(), proc_cpu_s(pid)
@@ -730,9 +755,15 @@ async def run(args: argparse.Namespace, pin: dict[str, Any]) -> dict[str, Any]:
         "stream_itl_ms": args.itl_ms,
     }
     with running_stack(args, pin) as stack:
-        stack.start_sim(itl_ms=None)
-        if not args.through_url:
-            stack.start_gateway()
+        if args.through_url:
+            stack.start_sim(itl_ms=None)
+        else:
+            # Both take seconds to import; the gateway does not need the simulator to start.
+            stack.sim_port = args.sim_port or free_port()
+            with ThreadPoolExecutor(1) as pool:
+                sim_started = pool.submit(stack.start_sim, None)
+                stack.start_gateway()
+                sim_started.result()
             await prepare_tiergate(stack, prompts)
             results["environment"]["gateway_rss_mb_at_ready"] = proc_rss_mb(stack.gateway_pid)
         print(f"direct: {stack.direct().url}\nthrough: {stack.through().url}", flush=True)
@@ -743,9 +774,8 @@ async def run(args: argparse.Namespace, pin: dict[str, Any]) -> dict[str, Any]:
         if args.soak_s > 0:
             results["soak"] = await soak(stack, prompts)
         if args.stream_concurrency:
-            stack.start_sim(itl_ms=args.itl_ms)
-            if not args.through_url:
-                stack.start_gateway()  # a fresh gateway: the soak's RSS is not mixed in
+            stack.start_sim(itl_ms=args.itl_ms)  # on the same port, paced
+            await wait_answering(stack.through(), prompts[0])
             results["streaming"] = await streaming(stack, prompts)
     results["wall_s"] = round(time.perf_counter() - started, 1)
     results["errors_total"] = _error_total(results)
