@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,15 +55,19 @@ class Target:
 
 
 @dataclass
-class Block:
-    """One block of non-streamed requests against one target."""
-
+class _Timed:
     target: str
     started: float = 0.0
     wall_s: float = 0.0
     sent: int = 0
-    latencies_s: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class Block(_Timed):
+    """One block of non-streamed requests against one target."""
+
+    latencies_s: list[float] = field(default_factory=list)
     stages_ms: dict[str, list[float]] = field(default_factory=dict)
     """``Server-Timing`` entries, by name (empty when the target sends none)."""
     overhead_header_ms: list[float] = field(default_factory=list)
@@ -76,16 +80,13 @@ class Block:
 
 
 @dataclass
-class StreamBlock:
-    target: str
-    started: float = 0.0
-    wall_s: float = 0.0
-    sent: int = 0
+class StreamBlock(_Timed):
+    """One block of streamed requests against one target."""
+
     ttft_s: list[float] = field(default_factory=list)
     gaps_s: list[float] = field(default_factory=list)
     """Every gap between two consecutive content chunks, over all streams."""
     max_gap_per_stream_s: list[float] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> int:
@@ -165,6 +166,33 @@ async def _one(
     block.last_done = max(block.last_done, done)
 
 
+async def _closed_loop(
+    block: _Timed,
+    bodies: list[bytes],
+    one: Callable[[bytes], Awaitable[None]],
+    *,
+    concurrency: int,
+    duration_s: float,
+    stagger_s: float = 0.0,
+) -> None:
+    """``concurrency`` workers each send ``one`` request after another (the bodies in turn)
+    until ``duration_s`` has passed, then finish the one they are in."""
+    block.started = time.perf_counter()
+    end = block.started + duration_s
+
+    async def worker(w: int) -> None:
+        if stagger_s:
+            await asyncio.sleep(w / concurrency * stagger_s)
+        i = w
+        while time.perf_counter() < end:
+            block.sent += 1
+            await one(bodies[i % len(bodies)])
+            i += concurrency
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    block.wall_s = time.perf_counter() - block.started
+
+
 async def closed_block(
     session: aiohttp.ClientSession,
     target: Target,
@@ -174,19 +202,12 @@ async def closed_block(
     duration_s: float,
 ) -> Block:
     block = Block(target.name)
+
+    async def one(body: bytes) -> None:
+        await _one(session, target, body, block, time.perf_counter())
+
     bodies = [_payload(target, m, stream=False) for m in prompts]
-    block.started = time.perf_counter()
-    end = block.started + duration_s
-
-    async def worker(w: int) -> None:
-        i = w
-        while time.perf_counter() < end:
-            block.sent += 1
-            await _one(session, target, bodies[i % len(bodies)], block, time.perf_counter())
-            i += concurrency
-
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    block.wall_s = time.perf_counter() - block.started
+    await _closed_loop(block, bodies, one, concurrency=concurrency, duration_s=duration_s)
     return block
 
 
@@ -290,24 +311,15 @@ async def stream_block(
     concurrency: int,
     duration_s: float,
 ) -> StreamBlock:
-    """Workers start streams until ``duration_s`` has passed, then finish the ones open."""
+    """Workers read streams back to back; their starts are spread over 50 ms, so that their
+    chunks do not all tick together."""
     block = StreamBlock(target.name)
+
+    async def one(body: bytes) -> None:
+        await _one_stream(session, target, body, block)
+
     bodies = [_payload(target, m, stream=True) for m in prompts]
-    block.started = time.perf_counter()
-    end = block.started + duration_s
-
-    async def worker(w: int) -> None:
-        i = w
-        while time.perf_counter() < end:
-            block.sent += 1
-            await _one_stream(session, target, bodies[i % len(bodies)], block)
-            i += concurrency
-
-    # Stagger the workers' starts over 50 ms so that their chunks do not all tick together.
-    async def staggered(w: int) -> None:
-        await asyncio.sleep(w / max(concurrency, 1) * 0.05)
-        await worker(w)
-
-    await asyncio.gather(*(staggered(w) for w in range(concurrency)))
-    block.wall_s = time.perf_counter() - block.started
+    await _closed_loop(
+        block, bodies, one, concurrency=concurrency, duration_s=duration_s, stagger_s=0.05
+    )
     return block

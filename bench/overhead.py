@@ -390,10 +390,17 @@ RunBlock = Callable[[aiohttp.ClientSession, Target, float], Awaitable[Any]]
 
 
 async def measure_point(
-    stack: Stack, connections: int, run: RunBlock, *, warmup_s: float, block_s: float, blocks: int
+    stack: Stack,
+    connections: int,
+    run: RunBlock,
+    *,
+    warmup_s: float,
+    point_s: float,
+    block_s: float,
 ) -> tuple[list[Measured], dict[str, Any]]:
-    """Warm both targets up, then ``blocks`` blocks each, alternating (ABBA: direct, through,
-    through, direct, ...), reading the gateway's CPU time around every block."""
+    """Warm both targets up, then ``point_s`` of blocks each, alternating (ABBA: direct,
+    through, through, direct, ...), reading the gateway's CPU time around every block."""
+    blocks = max(1, round(point_s / block_s))
     direct, through = stack.direct(), stack.through()
     pid = stack.gateway_pid
     async with (
@@ -528,10 +535,6 @@ def stream_point(measured: list[Measured], itl_s: float) -> dict[str, Any]:
     return point
 
 
-def _blocks(point_s: float, block_s: float) -> int:
-    return max(1, round(point_s / block_s))
-
-
 def _print_json_point(label: str, point: dict[str, Any]) -> None:
     added, d, t = point["added_latency_ms"], point["direct"], point["through"]
     errors = {**{f"direct {k}": v for k, v in d["errors"].items()}, **t["errors"]}
@@ -553,9 +556,8 @@ async def closed_loop(stack: Stack, prompts: list[list[dict[str, str]]]) -> list
             return await closed_block(s, t, prompts, concurrency=c, duration_s=d)
 
         measured, metrics = await measure_point(
-            stack, c, run, warmup_s=args.warmup_s, block_s=args.block_s,
-            blocks=_blocks(args.point_s, args.block_s),
-        )  # fmt: skip
+            stack, c, run, warmup_s=args.warmup_s, point_s=args.point_s, block_s=args.block_s
+        )
         point = {"concurrency": c, **json_point(measured), "metrics": metrics}
         _print_json_point(f"c={c}", point)
         points.append(point)
@@ -583,8 +585,8 @@ async def open_loop(stack: Stack, prompts: list[list[dict[str, str]]]) -> list[d
             return await open_block(s, t, prompts, rate=r, duration_s=d)
 
         measured, metrics = await measure_point(
-            stack, 0, run, warmup_s=min(args.warmup_s, 1.0), block_s=args.block_s,
-            blocks=_blocks(args.point_s, args.block_s),
+            stack, 0, run, warmup_s=min(args.warmup_s, 1.0), point_s=args.point_s,
+            block_s=args.block_s,
         )  # fmt: skip
         point = {"rate_rps": rate, **json_point(measured), "metrics": metrics}
         for side in (point["direct"], point["through"]):
@@ -664,8 +666,8 @@ async def streaming(stack: Stack, prompts: list[list[dict[str, str]]]) -> list[d
             return await stream_block(s, t, prompts, concurrency=c, duration_s=d)
 
         measured, metrics = await measure_point(
-            stack, c, run, warmup_s=0.01, block_s=args.stream_block_s,
-            blocks=_blocks(args.stream_point_s, args.stream_block_s),
+            stack, c, run, warmup_s=0.01, point_s=args.stream_point_s,
+            block_s=args.stream_block_s,
         )  # fmt: skip
         point = {"concurrency": c, **stream_point(measured, args.itl_ms / 1000), "metrics": metrics}
         d, t = point["direct"], point["through"]
