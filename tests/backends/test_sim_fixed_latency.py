@@ -32,8 +32,11 @@ async def test_stream_is_paced_at_the_fixed_itl_at_time_scale_zero(start_sim: St
                     arrivals.append(time.perf_counter())
     assert len(arrivals) == 6
     assert arrivals[0] - sent >= 0.038
-    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-    assert all(0.022 <= g < 0.25 for g in gaps), gaps
+    # Token k is due at TTFT + k x ITL (never early by more than the 2 ms sleep threshold; a
+    # late one does not delay the next), so bounds hold on the span, the median gap on pacing.
+    gaps = sorted(b - a for a, b in itertools.pairwise(arrivals))
+    assert arrivals[-1] - sent >= 0.040 + 5 * 0.025 - 0.003, gaps
+    assert 0.020 <= gaps[2] < 0.25, gaps
 
 
 async def test_completion_waits_ttft_plus_itl_per_further_token(start_sim: StartSim) -> None:
