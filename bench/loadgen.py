@@ -295,7 +295,7 @@ async def _one_stream(
     if not done:
         block.errors["no_done"] += 1
     elif len(arrivals) != target.completion_tokens:
-        block.errors["wrong_chunk_count"] += 1
+        block.errors[f"wrong_chunk_count_{len(arrivals)}"] += 1
     else:
         block.ttft_s.append(arrivals[0] - start)
         gaps = [b - a for a, b in itertools.pairwise(arrivals)]

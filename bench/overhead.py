@@ -267,6 +267,10 @@ class Stack:
                 proc.popen.terminate()
         self.stop_gateway()
         self.stop_sim()
+        if self.args.keep_logs is not None:
+            self.args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for log in self.workdir.glob("*.log"):
+                shutil.copy(log, self.args.keep_logs / log.name)
         if self.redis is not None:
             self.redis.stop()
         elif self.redis_url:
@@ -718,7 +722,9 @@ def environment(args: argparse.Namespace, pin: dict[str, Any]) -> dict[str, Any]
         "pinning": pin,
         "through": args.through_url or "tiergate serve (started by the bench)",
         "settings": {
-            k: v for k, v in vars(args).items() if k not in {"through_key", "out", "plot"}
+            k: v
+            for k, v in vars(args).items()
+            if k not in {"through_key", "out", "plot", "keep_logs"}
         },
     }
 
@@ -847,6 +853,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--plot", type=Path, help="default: --out with .png")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--keep-logs", type=Path, help="copy the gateway's and simulator's logs here")
     args = p.parse_args(argv)
     if args.through_url and not args.sim_port:
         p.error("--through-url needs --sim-port: the port the other gateway sends to")

@@ -85,7 +85,7 @@ def markdown(results: dict[str, Any]) -> str:
         if cpu is not None:
             rows.append(f"| gateway CPU per request, concurrency {c} | {_f(cpu)} ms | |")
     rate = h.get("max_sustained_rate")
-    budget = _f(h["p99_budget_ms"])
+    budget = f"{h['p99_budget_ms']:g}"
     if "max_sustained_rate" in h:
         shown = (
             f"{_f(rate['rate_rps'])} rps (achieved {_f(rate['achieved_rps'])}, added p99 "
