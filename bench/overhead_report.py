@@ -111,8 +111,8 @@ def markdown(results: dict[str, Any]) -> str:
     memory = h.get("memory")
     if memory:
         rows.append(
-            f"| resident memory before → after {_f(memory['duration_s'])} s at "
-            f"{_f(results['soak']['rate_rps'])} rps | {_f(memory['rss_mb_before'])} → "
+            f"| resident memory before → after {memory['duration_s']:g} s at "
+            f"{results['soak']['rate_rps']:g} rps | {_f(memory['rss_mb_before'])} → "
             f"{_f(memory['rss_mb_after'])} MB ({_f(memory['rss_growth_pct'], ' %')}) "
             f"| < 200 MB, < 10 % growth |"
         )
