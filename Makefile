@@ -42,5 +42,9 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The overhead bench (docs/bench.md): ~15 min; BENCH_ARGS="--soak-s 60 --point-s 5" for a shorter run.
+bench: setup
+	$(BIN)/python -m bench.overhead $(BENCH_ARGS)
+
 clean:
 	rm -rf var/ .pytest_cache .mypy_cache .ruff_cache

@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +90,22 @@ def _tiergate(*args: str) -> list[str]:
 
 
 def start_sim(
-    profile: str, port: int, workdir: Path, *, time_scale: float = 0.05
+    profile: str,
+    port: int,
+    workdir: Path,
+    *,
+    time_scale: float = 0.05,
+    extra_args: Sequence[str] = (),
+    usage_log: bool = True,
 ) -> tuple[Proc, Path]:
+    """``extra_args`` go to ``tiergate sim`` (e.g. ``--itl-ms``); ``usage_log=False`` writes none
+    (the returned path then does not exist)."""
     usage = workdir / f"usage-{profile}.jsonl"
+    log_args = ["--usage-log", str(usage)] if usage_log else []
     proc = Proc(
         _tiergate(
             "sim", "--profile", profile, "--port", str(port),
-            "--time-scale", str(time_scale), "--usage-log", str(usage),
+            "--time-scale", str(time_scale), *log_args, *extra_args,
         ),
         workdir / f"sim-{profile}.log",
     )  # fmt: skip
@@ -150,9 +159,18 @@ def wait_ready(proc: Proc, url: str, timeout_s: float = 60.0) -> None:
     raise RuntimeError(f"{url} not ready after {timeout_s}s:\n{proc.output()}")
 
 
-def start_gateway(config: Path, workdir: Path, *extra_args: str, name: str = "gateway") -> Proc:
+def start_gateway(
+    config: Path,
+    workdir: Path,
+    *extra_args: str,
+    name: str = "gateway",
+    launcher: Sequence[str] = (),
+) -> Proc:
+    """``launcher`` runs before the command and must exec it (e.g. ``taskset -c 1``)."""
     proc = Proc(
-        _tiergate("serve", "--config", str(config), *extra_args), workdir / f"{name}.log", TEST_KEYS
+        [*launcher, *_tiergate("serve", "--config", str(config), *extra_args)],
+        workdir / f"{name}.log",
+        TEST_KEYS,
     )
     return proc
 

@@ -6,9 +6,10 @@ window (400); then take an engine slot (FIFO; 503 when the waiting queue is capp
 answer at the profile's pace. Every outcome, errors included, is one usage-log line.
 
 Pacing: the first token is due ``ttft x time_scale`` after the slot is granted, each next one
-``itl x time_scale`` later. A stream sleeps only when the next token is more than 2 ms away, and
-writes every token that is due in one socket write, so at small time scales it sends bursts and at
-``time_scale=0`` the whole answer in one write with no sleep at all.
+``itl x time_scale`` later (or the fixed wall-clock ``--ttft-ms`` / ``--itl-ms``, when given). A
+stream sleeps only when the next token is more than 2 ms away, and writes every token that is due
+in one socket write, so at small time scales it sends bursts and at ``time_scale=0`` (without
+fixed latencies) the whole answer in one write with no sleep at all.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def _queue_full(state: SimState, job: _Job) -> web.Response:
 
 async def _complete(request: web.Request, state: SimState, job: _Job) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
-    engine, metrics, scale = state.engine, state.metrics, state.time_scale
+    engine, metrics = state.engine, state.metrics
     pieces = job.answer.pieces
     cut = job.faults.cut_after_tokens
     cutting = cut is not None and cut < len(pieces)
@@ -161,8 +162,8 @@ async def _complete(request: web.Request, state: SimState, job: _Job) -> web.Str
         async with engine.slot(job.prompt_tokens + len(pieces)):
             admitted = loop.time()
             metrics.prompt_tokens += job.prompt_tokens
-            ttft = engine.ttft_s(job.prompt_tokens) * scale + job.faults.slow_first_token_ms / 1e3
-            itl = engine.itl_s() * scale
+            ttft = state.ttft_s(job.prompt_tokens) + job.faults.slow_first_token_ms / 1e3
+            itl = state.itl_s()
             delay = ttft + itl * max(0, generated - 1)
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -241,13 +242,12 @@ class _Emitter:
 async def _emit(emitter: _Emitter, state: SimState, job: _Job, count: int) -> None:
     """Pace and write the role chunk and the first ``count`` content pieces."""
     loop = asyncio.get_running_loop()
-    engine, scale = state.engine, state.time_scale
     enc = ChunkEncoder(
         completion_id=job.completion_id, model=state.profile.name, flavor=state.profile.flavor
     )
     pieces, reason = job.answer.pieces, job.answer.finish_reason
     last = len(pieces) - 1 if count == len(pieces) else -1  # the piece that carries the reason
-    due = loop.time() + engine.ttft_s(job.prompt_tokens) * scale
+    due = loop.time() + state.ttft_s(job.prompt_tokens)
     due += job.faults.slow_first_token_ms / 1e3
     stall_at = job.faults.stall_after_tokens
     for i in range(count):
@@ -257,7 +257,7 @@ async def _emit(emitter: _Emitter, state: SimState, job: _Job, count: int) -> No
             due = loop.time()
         itl = None
         if i:
-            itl = engine.itl_s() * scale
+            itl = state.itl_s()
             due += itl
         wait = due - loop.time()
         if wait > _MIN_SLEEP_S:

@@ -16,6 +16,7 @@ them anyway, for tests.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -130,11 +131,18 @@ def create_sim_app(
     time_scale: float = 1.0,
     usage_log: Path | None = None,
     seed: int = 0,
+    ttft_ms: float | None = None,
+    itl_ms: float | None = None,
 ) -> web.Application:
     """A simulator for ``profile``. ``time_scale`` multiplies every modelled latency (0 = none);
-    ``usage_log`` is a JSONL file appended to; ``seed`` seeds the fault draws."""
+    ``usage_log`` is a JSONL file appended to; ``seed`` seeds the fault draws. ``ttft_ms`` and
+    ``itl_ms`` fix the time to first token and the inter-token latency in wall-clock
+    milliseconds (not scaled, no load slowdown), e.g. a paced stream at ``time_scale=0``."""
     if not (math.isfinite(time_scale) and time_scale >= 0):
         raise ValueError(f"time_scale must be a finite number >= 0, got {time_scale!r}")
+    for name, value in (("ttft_ms", ttft_ms), ("itl_ms", itl_ms)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     engine = SimEngine(profile)
     metrics = SimMetrics()
     state = SimState(
@@ -146,6 +154,8 @@ def create_sim_app(
         faults=FaultSwitch(),
         rng=random.Random(seed),
         usage=UsageLog(usage_log),
+        ttft_override_s=None if ttft_ms is None else ttft_ms / 1e3,
+        itl_override_s=None if itl_ms is None else itl_ms / 1e3,
     )
     app = web.Application(client_max_size=_MAX_BODY_BYTES)
     app[SIM_STATE] = state
@@ -168,15 +178,23 @@ def run_sim(
     port: int,
     time_scale: float = 1.0,
     usage_log: Path | None = None,
+    ttft_ms: float | None = None,
+    itl_ms: float | None = None,
+    max_num_seqs: int | None = None,
 ) -> None:
-    """Serve ``profile_name`` until SIGINT/SIGTERM (blocking). No access log, for speed."""
+    """Serve ``profile_name`` until SIGINT/SIGTERM (blocking). No access log, for speed.
+    ``max_num_seqs`` overrides the profile's batch size; see ``create_sim_app`` for the rest."""
     try:
         profile = PROFILES[profile_name]
     except KeyError:
         raise ValueError(
             f"unknown simulator profile {profile_name!r}; known: {', '.join(PROFILES)}"
         ) from None
-    app = create_sim_app(profile, time_scale=time_scale, usage_log=usage_log)
+    if max_num_seqs is not None:
+        profile = dataclasses.replace(profile, max_num_seqs=max_num_seqs)
+    app = create_sim_app(
+        profile, time_scale=time_scale, usage_log=usage_log, ttft_ms=ttft_ms, itl_ms=itl_ms
+    )
     logger.info(
         "simulating %s on http://%s:%d (time_scale=%g)", profile.name, host, port, time_scale
     )

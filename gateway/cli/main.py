@@ -110,15 +110,34 @@ def sim(
     host: Annotated[str, typer.Option(help="host to bind")] = "127.0.0.1",
     time_scale: Annotated[float, typer.Option(help="latency multiplier; 0 answers at once")] = 1.0,
     usage_log: Annotated[Path | None, typer.Option(help="JSONL file, a line per request")] = None,
+    ttft_ms: Annotated[
+        float | None, typer.Option(help="fixed time to first token, wall-clock ms", min=0)
+    ] = None,
+    itl_ms: Annotated[
+        float | None, typer.Option(help="fixed inter-token latency, wall-clock ms", min=0)
+    ] = None,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="batch size (default: the profile's)", min=1)
+    ] = None,
 ) -> None:
-    """Run a vLLM-compatible simulator."""
+    """Run a vLLM-compatible simulator. --ttft-ms / --itl-ms replace the latency model with fixed
+    wall-clock latencies (not scaled by --time-scale, no load slowdown)."""
     from backends.sim import PROFILES, run_sim
 
     if profile not in PROFILES:
         typer.echo(f"unknown profile {profile!r}; known: {', '.join(sorted(PROFILES))}", err=True)
         raise typer.Exit(2)
     configure_logging(logging.WARNING)
-    run_sim(profile, host=host, port=port, time_scale=time_scale, usage_log=usage_log)
+    run_sim(
+        profile,
+        host=host,
+        port=port,
+        time_scale=time_scale,
+        usage_log=usage_log,
+        ttft_ms=ttft_ms,
+        itl_ms=itl_ms,
+        max_num_seqs=max_num_seqs,
+    )
 
 
 def main() -> None:
