@@ -41,6 +41,8 @@ __all__ = ["Deliver", "Worker"]
 log = logging.getLogger(__name__)
 
 _REPLY_MAXLEN = 100_000
+_REPLY_RETRY_S = (0.01, 0.05, 0.2)
+"""Pauses before sending a reply again: a chunk is not given up on a passing error."""
 _HEARTBEAT_S = 2.0
 _BELL_S = 1.0
 _NO_SLOT_S = (0.002, 0.05)
@@ -450,11 +452,16 @@ class Worker:
             if deliver is not None:
                 deliver(reply)
                 return
-            try:
-                await self._redis.xadd(
-                    stream, reply.fields(), maxlen=_REPLY_MAXLEN, approximate=True
-                )
-            except (RedisError, OSError) as exc:
-                log.warning("cannot reply for %s: %s", job.request_id, type(exc).__name__)
+            fields = reply.fields()
+            for pause in (*_REPLY_RETRY_S, None):
+                try:
+                    await self._redis.xadd(stream, fields, maxlen=_REPLY_MAXLEN, approximate=True)
+                    return
+                except (RedisError, OSError) as exc:
+                    if pause is None:
+                        # Redis is gone: the edge fails its waiters (503) on its own reads.
+                        log.warning("cannot reply for %s: %s", job.request_id, type(exc).__name__)
+                        return
+                    await asyncio.sleep(pause)
 
         return emit
