@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.responses import Response
+from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import dashboard
@@ -18,6 +19,10 @@ from gateway.services import Services, open_services
 from gateway.settings import Settings
 
 __all__ = ["create_admin_app", "create_app"]
+
+_NO_NATIVE_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's own OpenTelemetry hooks stay off (they would check the global providers on every
+request); tiergate's traces are its own (``gateway.observability.tracing``)."""
 
 
 def create_app(
@@ -49,6 +54,7 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        telemetry=_NO_NATIVE_TELEMETRY,
     )
     install_error_handlers(app)
     traced = (
@@ -71,7 +77,13 @@ def create_app(
 def create_admin_app(services: Services) -> FastAPI:
     """The admin port: Prometheus metrics and the tenant and key admin API (neither exposed on
     the public port)."""
-    app = FastAPI(title="tiergate admin", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="tiergate admin",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        telemetry=_NO_NATIVE_TELEMETRY,
+    )
     app.state.services = services
     install_error_handlers(app)
 
