@@ -310,9 +310,11 @@ async def stream_block(
     *,
     concurrency: int,
     duration_s: float,
+    spread_s: float = 0.05,
 ) -> StreamBlock:
-    """Workers read streams back to back; their starts are spread over 50 ms, so that their
-    chunks do not all tick together."""
+    """Workers read streams back to back; their first starts are spread over ``spread_s`` (one
+    stream's length: the steady state of ``concurrency`` open streams, not that many arriving
+    in the same instant, which would measure a burst's queue instead)."""
     block = StreamBlock(target.name)
 
     async def one(body: bytes) -> None:
@@ -320,6 +322,6 @@ async def stream_block(
 
     bodies = [_payload(target, m, stream=True) for m in prompts]
     await _closed_loop(
-        block, bodies, one, concurrency=concurrency, duration_s=duration_s, stagger_s=0.05
+        block, bodies, one, concurrency=concurrency, duration_s=duration_s, stagger_s=spread_s
     )
     return block

@@ -667,7 +667,8 @@ async def streaming(stack: Stack, prompts: list[list[dict[str, str]]]) -> list[d
     for c in args.stream_concurrency:
 
         async def run(s: aiohttp.ClientSession, t: Target, d: float, c: int = c) -> StreamBlock:
-            return await stream_block(s, t, prompts, concurrency=c, duration_s=d)
+            spread = min(args.itl_ms / 1000 * args.max_tokens, d / 2)  # one stream's length
+            return await stream_block(s, t, prompts, concurrency=c, duration_s=d, spread_s=spread)
 
         measured, metrics = await measure_point(
             stack, c, run, warmup_s=0.01, point_s=args.stream_point_s,
@@ -830,7 +831,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--stream-concurrency",
         type=int,
         nargs="*",
-        default=[100],
+        default=[1, 100],
         help="concurrent streams (none: skip)",
     )
     p.add_argument("--stream-point-s", type=float, default=10.0)
