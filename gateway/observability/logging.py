@@ -9,16 +9,20 @@ the fields listed in ``_RESERVED``-free extras that callers pass explicitly.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
+import queue
 import sys
+import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import orjson
 
 __all__ = [
+    "BackgroundStreamHandler",
     "JsonFormatter",
     "bind_request_id",
     "configure_logging",
@@ -63,11 +67,74 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+class BackgroundStreamHandler(logging.Handler):
+    """Formats on the caller's thread, writes on its own: the event loop never blocks on a full
+    pipe to a log collector, and the lines queued meanwhile go out in one write. ``close``
+    (``logging.shutdown`` at exit) writes what is left."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+        self._lines: queue.SimpleQueue[str | threading.Event | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name="tiergate-log", daemon=True)
+        self._writer.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.put(self.format(record))
+        except Exception:  # noqa: BLE001 - logging's contract: a bad record never raises
+            self.handleError(record)
+
+    def _write(self) -> None:
+        while True:
+            item = self._lines.get()
+            batch: list[str] = []
+            while isinstance(item, str):
+                batch.append(item)
+                if len(batch) >= _LOG_BATCH:
+                    break
+                try:
+                    item = self._lines.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                with contextlib.suppress(OSError, ValueError):
+                    self._stream.write("\n".join(batch) + "\n")
+                    self._stream.flush()
+            if isinstance(item, threading.Event):
+                item.set()  # a flush: everything before it is written
+            elif item is None:
+                return
+
+    def flush(self) -> None:
+        """Wait until every line emitted so far is written."""
+        if self._writer.is_alive():
+            done = threading.Event()
+            self._lines.put(done)
+            done.wait(timeout=5.0)
+
+    def close(self) -> None:
+        if self._writer.is_alive():
+            self._lines.put(None)
+            self._writer.join(timeout=5.0)
+        super().close()
+
+
+_LOG_BATCH = 512
+
+
 def configure_logging(
-    level: int | str = logging.INFO, fmt: Literal["json", "text"] = "json"
+    level: int | str = logging.INFO,
+    fmt: Literal["json", "text"] = "json",
+    *,
+    stream: TextIO | None = None,
 ) -> None:
-    """Replace the root handlers with one stderr handler in ``fmt``."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Replace the root handlers with one handler in ``fmt`` writing to ``stream`` (default
+    stderr) in the background (``BackgroundStreamHandler``)."""
+    for old in logging.getLogger().handlers:
+        if isinstance(old, BackgroundStreamHandler):
+            old.close()
+    handler = BackgroundStreamHandler(stream if stream is not None else sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

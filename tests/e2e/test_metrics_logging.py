@@ -28,17 +28,16 @@ from tests.deploy.conftest import DEPLOY
 def captured() -> Iterator[io.StringIO]:
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
-    configure_logging(logging.INFO, fmt="json")
     stream = io.StringIO()
-    handler = root.handlers[0]
-    assert isinstance(handler, logging.StreamHandler)
-    handler.setStream(stream)
+    configure_logging(logging.INFO, fmt="json", stream=stream)
     yield stream
+    root.handlers[0].close()
     root.handlers[:] = saved_handlers
     root.setLevel(saved_level)
 
 
 def _lines(stream: io.StringIO) -> list[dict[str, object]]:
+    logging.getLogger().handlers[0].flush()  # written in the background
     return [json.loads(line) for line in stream.getvalue().splitlines()]
 
 
