@@ -227,7 +227,12 @@ async def open_services(
         prices = PriceBook.from_settings(settings.deployments)
         metrics = Metrics()
         budgets = BudgetBook(
-            redis, redis_keys.prefix, settings.tenants, prices=prices, metrics=metrics
+            redis,
+            redis_keys.prefix,
+            settings.tenants,
+            prices=prices,
+            metrics=metrics,
+            ledger=ledger,  # windows rebuilt from SQL after a Redis loss
         )
         writer = LedgerWriter(
             redis,

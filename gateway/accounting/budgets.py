@@ -12,6 +12,12 @@ price is unknown is settled at its reservation.
 
 Keys share the hash tag ``{budget:<tenant>}``: ``{prefix}:{budget:<t>}:b:<name>:<window start>``,
 ``…:res:<request id>`` (the reservation) and ``…:done:<request id>`` (settled marker).
+
+Redis holds the fast copy; SQL is the truth. A window's hash is *seeded* from the ledger the
+first time a reservation touches it (a new window, or after Redis lost its data): the reserve
+script answers "unseeded", the book raises ``spent`` to what SQL has booked in that window (if
+more), marks it seeded, and reserves again. Requests settled but not yet in SQL at that moment
+(in flight while Redis was lost) are the only ones such a rebuild can miss.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import LedgerEntry, to_micro
@@ -38,12 +46,32 @@ __all__ = ["BudgetBook", "BudgetStatus", "window_bounds", "worst_case_micro"]
 
 log = logging.getLogger(__name__)
 
+
+class SpentSource(Protocol):
+    """Where a budget window's spending is rebuilt from (``SqlLedger.spent``)."""
+
+    async def spent(
+        self,
+        tenant: str,
+        start: datetime,
+        end: datetime,
+        *,
+        app: str | None = None,
+        tag: str | None = None,
+    ) -> int: ...
+
+
 PROMPT_ESTIMATE_MARGIN = 1.25
 """Prompt tokens are estimated before the call; reserve a quarter more."""
 RESERVATION_TTL_S = 6 * 3600
 
 _RESERVE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {1, ''} end
+if ARGV[#ARGV] == '1' then
+  for i = 2, #KEYS do
+    if redis.call('HEXISTS', KEYS[i], 'seeded') == 0 then return {2, KEYS[i]} end
+  end
+end
 local amount = tonumber(ARGV[1])
 for i = 2, #KEYS do
   local limit = tonumber(ARGV[2 + (i - 2) * 3 + 1])
@@ -61,6 +89,15 @@ for i = 2, #KEYS do
 end
 if #KEYS > 1 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2])) end
 return {1, ''}
+"""
+
+_SEED = """
+if redis.call('HSETNX', KEYS[1], 'seeded', '1') == 1 then
+  local spent = tonumber(redis.call('HGET', KEYS[1], 'spent') or '0')
+  if tonumber(ARGV[1]) > spent then redis.call('HSET', KEYS[1], 'spent', ARGV[1]) end
+  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+end
+return 1
 """
 
 _SETTLE = """
@@ -145,13 +182,17 @@ class BudgetBook:
         *,
         prices: PriceBook,
         metrics: Metrics | None = None,
+        ledger: SpentSource | None = None,
     ) -> None:
+        """``ledger``: seeds each budget window from SQL (none: windows start at zero)."""
         self._redis = redis
+        self._ledger = ledger
         self._prices = prices
         self._prefix = prefix
         self._budgets = {name: t.budgets for name, t in tenants.items() if t.budgets}
         self._metrics = metrics
         self._reserve = redis.register_script(_RESERVE)
+        self._seed_script = redis.register_script(_SEED)
         self._settle = redis.register_script(_SETTLE)
 
     def budgets(self, tenant: str) -> tuple[BudgetSettings, ...]:
@@ -199,9 +240,17 @@ class BudgetBook:
         for b in budgets:
             keys.append(self._key(tenant, b, at))
             args += [to_micro(b.limit_usd), "1" if b.mode == "hard" else "0", self._ttl(b, at)]
+        args.append("1" if self._ledger is not None else "0")
         try:
-            ok, key = await self._reserve(keys=keys, args=args)
+            for _ in range(len(budgets) + 1):
+                ok, key = await self._reserve(keys=keys, args=args)
+                if int(ok) != 2:
+                    break
+                budget = next(b for b in budgets if self._key(tenant, b, at) == _text(key))
+                await self._seed(tenant, budget, at)
         except (RedisError, OSError) as exc:
+            raise ServiceUnavailable(f"budgets unavailable: {type(exc).__name__}") from exc
+        except SQLAlchemyError as exc:
             raise ServiceUnavailable(f"budgets unavailable: {type(exc).__name__}") from exc
         if not int(ok):
             name = next(b.name for b in budgets if self._key(tenant, b, at) == _text(key))
@@ -211,6 +260,16 @@ class BudgetBook:
                 f"budget {name!r} of tenant {tenant!r} cannot cover this request "
                 f"(up to ${Decimal(amount_micro_usd).scaleb(-6)})"
             )
+
+    async def _seed(self, tenant: str, budget: BudgetSettings, at: datetime) -> None:
+        """Raise the window's ``spent`` to what SQL booked in it, once (the ``seeded`` flag is
+        set in the same script; a process that lost the race changes nothing)."""
+        assert self._ledger is not None
+        start, end = window_bounds(budget.window, at)
+        booked = await self._ledger.spent(tenant, start, end, app=budget.app, tag=budget.tag)
+        key = self._key(tenant, budget, at)
+        await self._seed_script(keys=[key], args=[booked, self._ttl(budget, at)])
+        log.info("budget %s of %s seeded from the ledger: %d uUSD", budget.name, tenant, booked)
 
     async def reserve_job(self, job: Job, prompt_tokens: int, max_tokens: int) -> None:
         """Reserve the worst case of ``job`` (its plan, estimated prompt, ``max_tokens``)."""

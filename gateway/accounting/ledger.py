@@ -11,10 +11,11 @@ write the same file at once.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, select, text
+from sqlalchemy import event, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, RowMapping, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -202,6 +203,28 @@ class SqlLedger:
         async with self._engine.connect() as conn:
             row = (await conn.execute(query)).mappings().first()
         return None if row is None else row_to_entry(row)
+
+    async def spent(
+        self,
+        tenant: str,
+        start: datetime,
+        end: datetime,
+        *,
+        app: str | None = None,
+        tag: str | None = None,
+    ) -> int:
+        """Micro-dollars booked for ``tenant`` (one app, one tag) with ``start <= created_at <
+        end``; rows of unknown price count 0. What a budget window holds, rebuilt from SQL."""
+        t = ledger_entries.c
+        where = [t.tenant == tenant, t.created_at >= start, t.created_at < end]
+        if app is not None:
+            where.append(t.app == app)
+        async with self._engine.connect() as conn:
+            if tag is None:
+                query = select(func.coalesce(func.sum(t.cost_micro_usd), 0)).where(*where)
+                return int((await conn.execute(query)).scalar_one())
+            rows = await conn.execute(select(t.cost_micro_usd, t.tags).where(*where))
+            return sum(int(cost or 0) for cost, tags in rows if tag in (tags or ()))
 
     async def ping(self) -> None:
         async with self._engine.connect() as conn:

@@ -154,3 +154,62 @@ async def test_edge_refuses_with_429_budget_exceeded(
             await asyncio.sleep(0.02)
         assert await services.redis.xlen(services.redis_keys.ledger_events) == 1
         assert request_id
+
+
+async def test_after_a_redis_loss_windows_are_rebuilt_from_the_sql_ledger(
+    redis: aioredis.Redis, key_prefix: str, tmp_path: Path
+) -> None:
+    from gateway.accounting.ledger import SqlLedger
+
+    ledger = await SqlLedger.connect(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        earlier = datetime(2025, 3, 2, tzinfo=UTC)  # same month as AT
+        last_month = datetime(2025, 2, 27, tzinfo=UTC)
+        await ledger.record_many(
+            [
+                make_entry("old1", created_at=earlier, cost_micro_usd=700_000),
+                make_entry("old2", created_at=earlier, cost_micro_usd=150_000, app="web"),
+                make_entry("old3", created_at=earlier, cost_micro_usd=90_000, tags=("eu",)),
+                make_entry("feb", created_at=last_month, cost_micro_usd=5_000_000),
+                make_entry("other", created_at=earlier, tenant="globex", cost_micro_usd=9_000_000),
+            ]
+        )
+        budgets = {"name": "month", "limit_usd": "1"}
+        web = {"name": "web", "limit_usd": "0.2", "app": "web"}
+        eu = {"name": "eu", "limit_usd": "0.1", "tag": "eu"}
+        # Redis holds nothing of these windows (a fresh key prefix: as after Redis lost them).
+        rebuilt = book(redis, key_prefix, budgets, web, eu, ledger=ledger)
+        with pytest.raises(BudgetExceeded, match="'month'"):  # 0.94 booked this month
+            await rebuilt.reserve(
+                tenant="acme", request_id="big", app=None, tags=(), amount_micro_usd=100_000, at=AT
+            )
+        with pytest.raises(BudgetExceeded, match="'web'"):  # 0.15 of web's 0.2
+            await rebuilt.reserve(
+                tenant="acme", request_id="w", app="web", tags=(), amount_micro_usd=55_000, at=AT
+            )
+        with pytest.raises(BudgetExceeded, match="'eu'"):  # 0.09 of eu's 0.1
+            await rebuilt.reserve(
+                tenant="acme",
+                request_id="e",
+                app=None,
+                tags=("eu",),
+                amount_micro_usd=20_000,
+                at=AT,
+            )
+        await rebuilt.reserve(
+            tenant="acme", request_id="small", app=None, tags=(), amount_micro_usd=50_000, at=AT
+        )
+        status = {s.name: s for s in await rebuilt.status("acme", AT)}
+        assert status["month"].spent_micro_usd == 940_000
+        assert status["web"].spent_micro_usd == 150_000
+        assert status["eu"].spent_micro_usd == 90_000
+        # Seeded once: another process (a second book) does not add it again.
+        again = book(redis, key_prefix, budgets, web, eu, ledger=ledger)
+        await again.reserve(
+            tenant="acme", request_id="small2", app=None, tags=(), amount_micro_usd=1_000, at=AT
+        )
+        status = {s.name: s for s in await again.status("acme", AT)}
+        assert status["month"].spent_micro_usd == 940_000
+        assert status["month"].reserved_micro_usd == 51_000
+    finally:
+        await ledger.aclose()
