@@ -7,6 +7,7 @@ i.e. enqueue (Lua) + take (Lua) + claim + slot lease + reply stream + relay to t
 edge and one worker in this process, one Redis; open-loop arrivals at ``--rate``.
 
     .venv/bin/python bench/queue_hop.py                 # writes bench/results/queue_hop.json
+    .venv/bin/python bench/queue_hop.py --direct --out bench/results/queue_hop_direct.json
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ except ModuleNotFoundError:  # run as a script from the repo root
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     rig = await make_rig(args.redis_url, replicas=1, capacity=64, time_scale=0.0, itl_s=0.0)
-    await rig.add_worker("w1")
-    rig.start_edge(max_depth=10_000)
+    worker = await rig.add_worker("w1")
+    rig.start_edge(max_depth=10_000, local=worker if args.direct else None)
     assert rig.dispatcher is not None
     starts: list[float] = []
     hops: list[float] = []
@@ -64,6 +65,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     return {
         "bench": "queue_hop",
+        "path": "direct start (edge and worker in one process)" if args.direct else "queued",
         "python": platform.python_version(),
         "rate_rps": args.rate,
         "requests": len(hops),
@@ -82,6 +84,11 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="the edge's own worker starts jobs that need not wait (as `tiergate serve` does)",
+    )
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "queue_hop.json"
     )

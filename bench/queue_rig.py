@@ -126,11 +126,13 @@ class Rig:
         self.sessions.append(session)
         return worker
 
-    def start_edge(self, *, max_depth: int) -> None:
+    def start_edge(self, *, max_depth: int, local: Worker | None = None) -> None:
+        """``local``: a worker of the edge's own process, which starts jobs at once when they
+        need not wait (``queue.direct_start``)."""
         self.replies = ReplyRouter(self.redis, self.keys.replies("bench-edge"), block_ms=200)
         self.replies.start()
         self.dispatcher = Dispatcher(
-            self.redis, self.keys, self.replies, max_depth=max_depth, claim_ttl_s=60
+            self.redis, self.keys, self.replies, max_depth=max_depth, claim_ttl_s=60, local=local
         )
 
     async def close(self) -> None:
