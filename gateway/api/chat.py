@@ -94,6 +94,7 @@ async def chat_completions(
             tags=admitted.meta.tags,
             priority=plan.priority or admitted.meta.priority or policy_priority,
             idempotency_key=admitted.meta.idempotency_key,
+            conversation=inputs.context.conversation,
             traceparent=services.tracing.traceparent(),
         )
         if services.rate_limits is not None:

@@ -248,7 +248,7 @@ class Executor:
         started = time.time()
         server: str | None = None
         try:
-            async with self._pool.lease(deployment) as backend:
+            async with self._pool.lease(deployment, affinity=run.job.conversation) as backend:
                 server = backend.address if self._tracing.enabled else None
                 request = self._request(run.job, run.job.body, deployment, started, tier)
                 response = await backend.chat(request)
@@ -320,7 +320,7 @@ class Executor:
         server: str | None = None
         try:
             async with (
-                self._pool.lease(deployment) as backend,
+                self._pool.lease(deployment, affinity=run.job.conversation) as backend,
                 contextlib.aclosing(
                     self._open(backend, job, body, deployment, started, tier)
                 ) as it,

@@ -33,6 +33,8 @@ class Job:
     priority: str = "standard"
     idempotency_key: str | None = None
     """A repeat with the same key (same tenant) gets this job's answer instead of running."""
+    conversation: str | None = None
+    """The conversation's key (``gateway.rules.sticky.conversation_key``): replica affinity."""
     traceparent: str | None = None
     """W3C trace context of the edge's request span (tracing on); the worker's spans join it.
     Not encoded when ``None``; optional when decoding (jobs queued before it existed)."""
@@ -54,6 +56,7 @@ class Job:
                 "tags": list(self.tags),
                 "priority": self.priority,
                 "idempotency_key": self.idempotency_key,
+                "conversation": self.conversation,
                 **({"traceparent": self.traceparent} if self.traceparent else {}),
             }
         )
@@ -76,6 +79,7 @@ class Job:
             tags=tuple(data.get("tags", ())),
             priority=data.get("priority", "standard"),
             idempotency_key=data.get("idempotency_key"),
+            conversation=data.get("conversation"),
             traceparent=data.get("traceparent"),
         )
 

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from backends.errors import BackendUnavailable
 from backends.protocol import Backend
+from gateway.queue.affinity import home_first, home_of
 from gateway.queue.capacity import SlotLeases
 from gateway.tasks import stop_task
 
@@ -114,9 +115,12 @@ class BackendPool:
         replica.inflight += 1
         return Reservation(deployment, replica, lease_id)
 
-    def ranked(self, deployment: str) -> list[Replica]:
-        """``deployment``'s replicas with a global slot key, best first (the chooser's order)."""
-        group = self._chooser(deployment, self._replicas.get(deployment, ()))
+    def ranked(self, deployment: str, affinity: str | None = None) -> list[Replica]:
+        """``deployment``'s replicas with a global slot key, best first (the chooser's order;
+        with ``affinity``, a conversation key, its home replica first; see
+        ``gateway.queue.affinity``)."""
+        every = self._replicas.get(deployment, [])
+        group = home_first(self._chooser(deployment, every), every, affinity)
         return [r for r in group if r.slot_key]
 
     def new_lease_id(self) -> str:
@@ -164,18 +168,41 @@ class BackendPool:
 
     @asynccontextmanager
     async def lease(
-        self, deployment: str, *, deadline: float | None = None
+        self, deployment: str, *, deadline: float | None = None, affinity: str | None = None
     ) -> AsyncIterator[Backend]:
         """A replica of ``deployment`` with a slot held for the caller while leased. Waits for a
         slot until ``deadline`` (Unix s) or the pool's ``max_wait_s``; then raises
-        ``BackendUnavailable``."""
+        ``BackendUnavailable``. ``affinity``: a conversation key; a slot reserved elsewhere is
+        traded for one on the conversation's home replica when that one has room."""
         reservation = self._take_bound(deployment)
+        if reservation is not None and affinity is not None:
+            reservation = await self._at_home(deployment, reservation, affinity)
         if reservation is None:
             reservation = await self._wait_for_slot(deployment, deadline)
         try:
             yield reservation.replica.backend
         finally:
             await self.release(reservation)
+
+    async def _at_home(
+        self, deployment: str, reservation: Reservation, affinity: str
+    ) -> Reservation:
+        every = self._replicas.get(deployment, [])
+        home = home_of(affinity, every) if len(every) > 1 else None
+        if (
+            home is None
+            or home is reservation.replica
+            or home not in self._chooser(deployment, every)
+        ):
+            return reservation
+        try:
+            moved = await self._try(deployment, home)
+        except (RedisError, OSError):
+            return reservation
+        if moved is None:
+            return reservation  # home is full: stay where the slot is
+        await self.release(reservation)
+        return moved
 
     def _take_bound(self, deployment: str) -> Reservation | None:
         task = asyncio.current_task()

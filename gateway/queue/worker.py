@@ -141,7 +141,7 @@ class Worker:
         if self._stopping or first is None or first not in self._tiers.get(tier, ()):
             return False
         lease_ms = self._pool.lease_ms
-        replicas = self._pool.ranked(first)
+        replicas = self._pool.ranked(first, affinity=job.conversation)
         if lease_ms is None or not replicas:
             return False
         lease_id = self._pool.new_lease_id()

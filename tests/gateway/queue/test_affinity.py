@@ -1,0 +1,90 @@
+"""Conversation affinity: a conversation's turns stay on its home replica while it has room,
+the same home in every process (rendezvous hashing), on the direct and the queued path."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import redis.asyncio as aioredis
+
+from backends.openai_http import VLLMBackend
+from gateway.queue.affinity import home_first, home_of
+from gateway.queue.capacity import SlotLeases
+from gateway.queue.dispatcher import Dispatcher
+from gateway.queue.keys import RedisKeys
+from gateway.queue.pool import Replica
+from gateway.queue.replies import ReplyRouter
+from tests.gateway.queue.conftest import MODEL, Collect, Edge, job, start_node
+
+
+def _replicas(n: int) -> list[Replica]:
+    return [
+        Replica(VLLMBackend(name=f"{MODEL}#{i}", base_url="http://x", session=None), 4)  # type: ignore[arg-type]
+        for i in range(n)
+    ]
+
+
+def test_homes_are_stable_spread_and_move_only_when_their_replica_goes() -> None:
+    three = _replicas(3)
+    keys = [f"conv-{i}" for i in range(600)]
+    homes = {k: home_of(k, three) for k in keys}
+    counts = [sum(1 for h in homes.values() if h is r) for r in three]
+    assert all(150 < c < 250 for c in counts), counts  # spread
+    assert all(home_of(k, list(reversed(three))) is homes[k] for k in keys)  # order-free
+    two = three[:2]  # replica #2 is gone
+    moved = [k for k in keys if home_of(k, two) is not homes[k]]
+    assert moved and all(homes[k] is three[2] for k in moved)  # only its conversations move
+    ranked = [three[1], three[2], three[0]]
+    key = next(k for k in keys if homes[k] is three[0])
+    assert home_first(ranked, three, key) == [three[0], three[1], three[2]]
+    assert home_first(ranked[:2], three, key) == ranked[:2]  # home not usable: no change
+    assert home_first(ranked, three, None) == ranked
+
+
+def _served_by(sims, request_ids: list[str]) -> set[int]:  # type: ignore[no-untyped-def]
+    return {i for i, sim in enumerate(sims) for r in sim.served if r in request_ids}
+
+
+async def test_turns_stay_on_the_home_replica_on_both_paths_and_leave_it_when_full(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    start_sim,
+    edge: Edge,  # type: ignore[no-untyped-def]
+) -> None:
+    sims = [await start_sim(4, time_scale=0.0) for _ in range(2)]
+    keys = RedisKeys(key_prefix)
+    booked = Collect()
+    node = await start_node(redis_conn, keys, sims, booked, "w1")
+    replies = ReplyRouter(redis_conn, keys.replies("local"))
+    direct = Dispatcher(redis_conn, keys, replies, max_depth=100, claim_ttl_s=60, local=node.worker)
+    used: set[int] = set()
+    try:
+        for c in range(6):
+            conversation = f"conversation-{c}"
+            ids = []
+            for turn in range(4):
+                request_id = f"c{c}t{turn}"
+                ids.append(request_id)
+                j = dataclasses.replace(job(request_id, "local"), conversation=conversation)
+                # Turns alternate between the direct path and the queue (another edge).
+                if turn % 2:
+                    await edge.call(dataclasses.replace(j, reply_to=edge.edge_id))
+                else:
+                    [_ async for _ in await direct.submit(j)]
+            home = home_of(conversation, node.pool.replicas(MODEL))
+            at_home = node.pool.replicas(MODEL).index(home)  # type: ignore[arg-type]
+            assert _served_by(sims, ids) == {at_home}, (conversation, [s.served for s in sims])
+            used.add(at_home)
+        assert used == {0, 1}  # the conversations' homes spread over both replicas
+        # The home is full: the turn goes to the other replica rather than wait.
+        home = home_of("conversation-0", node.pool.replicas(MODEL))
+        assert home is not None
+        index = node.pool.replicas(MODEL).index(home)
+        leases = SlotLeases(redis_conn)
+        taken = [await leases.acquire(home.slot_key, f"busy-{n}", 4) for n in range(4)]
+        assert not taken[-1]  # full (the worker's idle reservation may hold one of its slots)
+        j = dataclasses.replace(job("full", "local"), conversation="conversation-0")
+        [_ async for _ in await direct.submit(j)]
+        assert _served_by(sims, ["full"]) == {1 - index}
+    finally:
+        await node.aclose()
