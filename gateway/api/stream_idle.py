@@ -22,7 +22,8 @@ T = TypeVar("T")
 async def idle_limited(items: AsyncIterator[T], idle_s: float) -> AsyncIterator[T]:
     while True:
         try:
-            item = await asyncio.wait_for(anext(items), idle_s)
+            async with asyncio.timeout(idle_s):  # no task per item, unlike wait_for
+                item = await anext(items)
         except StopAsyncIteration:
             return
         except TimeoutError:

@@ -132,9 +132,13 @@ class Dispatcher:
             while True:
                 timeout = deadline - time.time()
                 try:
-                    if timeout <= 0:
+                    if not queue.empty():
+                        item = queue.get_nowait()
+                    elif timeout <= 0:
                         raise TimeoutError
-                    item = await asyncio.wait_for(queue.get(), timeout)
+                    else:
+                        async with asyncio.timeout(timeout):  # no task per reply (wait_for)
+                            item = await queue.get()
                 except TimeoutError:
                     if claimed_by_worker:
                         raise DeadlineExceeded(
