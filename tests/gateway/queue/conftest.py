@@ -216,3 +216,17 @@ async def edge(redis_conn: aioredis.Redis, key_prefix: str) -> AsyncIterator[Edg
 
 async def gather_calls(edge: Edge, jobs: list[Job]) -> list[tuple[Reply, float]]:
     return list(await asyncio.gather(*(edge.call(j) for j in jobs)))
+
+
+async def until(predicate: Callable[[], Any], timeout_s: float) -> None:
+    """Wait until ``predicate()`` is true (awaited if it returns an awaitable)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.02)

@@ -4,7 +4,6 @@ order, capacity and fair share, and is recovered like any started job if its pro
 from __future__ import annotations
 
 import asyncio
-import time
 
 import redis.asyncio as aioredis
 
@@ -14,15 +13,7 @@ from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue
 from gateway.queue.replies import ReplyRouter
-from tests.gateway.queue.conftest import MODEL, Collect, job, start_node
-
-
-async def _until(predicate, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
+from tests.gateway.queue.conftest import MODEL, Collect, job, start_node, until
 
 
 async def test_a_job_that_need_not_wait_starts_at_once_and_answers_its_waiter_directly(
@@ -42,7 +33,7 @@ async def test_a_job_that_need_not_wait_starts_at_once_and_answers_its_waiter_di
         stream = await dispatcher.submit(job("r1", "edge1"))
         final = [reply async for reply in stream][-1]
         direct = keys.jobs("small", DIRECT_LANE, "acme")
-        await _until(lambda: _equals(redis_conn.xlen(direct), 0), 5)  # acknowledged, deleted
+        await until(lambda: _equals(redis_conn.xlen(direct), 0), 5)  # acknowledged, deleted
     finally:
         await node.aclose()
     assert final.kind == "result"

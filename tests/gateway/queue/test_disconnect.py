@@ -4,22 +4,13 @@ simulator, workers in this process)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import redis.asyncio as aioredis
 
 from gateway.queue.dispatcher import EDGE_CLAIM
 from gateway.queue.keys import RedisKeys
-from tests.gateway.queue.conftest import Collect, Edge, job, start_node
-
-
-async def _until(predicate, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
+from tests.gateway.queue.conftest import Collect, Edge, job, start_node, until
 
 
 async def test_a_queued_job_whose_client_left_is_never_run(
@@ -60,13 +51,13 @@ async def test_a_running_job_whose_client_left_is_stopped_by_its_worker_and_book
     try:
         running = job("r1", edge.edge_id, max_tokens=200)
         replies = await edge.dispatcher.submit(running)
-        await _until(lambda: sim.now == 1, 10)  # the worker is calling the backend
+        await until(lambda: sim.now == 1, 10)  # the worker is calling the backend
         started = time.monotonic()
         assert not await edge.dispatcher.abandon(running)  # a worker owns it: told to stop
-        await _until(lambda: bool(booked.entries), 5)
+        await until(lambda: bool(booked.entries), 5)
         stopped_in = time.monotonic() - started
         await replies.aclose()  # type: ignore[attr-defined]
-        await _until(lambda: sim.now == 0, 5)  # the backend call was aborted
+        await until(lambda: sim.now == 0, 5)  # the backend call was aborted
     finally:
         await node.aclose()
     entry = booked.entries[0]

@@ -7,24 +7,15 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.queue.keys import RedisKeys
-from tests.gateway.queue.conftest import Collect, Edge, job, start_node
+from tests.gateway.queue.conftest import Collect, Edge, job, start_node, until
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-async def _until(predicate, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.slow
@@ -47,7 +38,7 @@ async def test_a_killed_workers_job_is_reclaimed_and_answered_once(
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
         assert line.strip() == b"ready"
         answer = asyncio.create_task(edge.call(job("r1", edge.edge_id, timeout_s=30)))
-        await _until(lambda: sim.now == 1, 10)  # the doomed worker is calling the replica
+        await until(lambda: sim.now == 1, 10)  # the doomed worker is calling the replica
         assert await redis_conn.get(keys.claim("r1")) == b"doomed"
         proc.send_signal(signal.SIGKILL)
         await asyncio.wait_for(proc.wait(), 5)
