@@ -2,10 +2,11 @@
 
 ``SklearnClassifier`` wraps a scikit-learn ``Pipeline`` that takes *model text*: the last user
 message (clipped) behind a line of structural tokens (length bucket, code, maths, options,
-script; since version 2 also the question's shape, ``shape_tokens``). Putting the structural features into the text keeps the pipeline made of stock
-scikit-learn parts only, so the model file needs no custom code to load. ``model_text`` is the
-one place that text is built, for training and for scoring alike; changing it changes what a
-model file means, so bump ``MODEL_TEXT_VERSION`` when you do.
+script; since version 2 also the question's shape, ``shape_tokens``). Putting the structural
+features into the text keeps the pipeline made of stock scikit-learn parts only, so the model
+file needs no custom code to load. ``model_text`` is the one place that text is built, for
+training and for scoring alike; changing it changes what a model file means, so bump
+``MODEL_TEXT_VERSION`` when you do.
 
 Calibration: scores are a ranking, not probabilities. A model file records its **share curve**
 (``share_thresholds``): for each target share of traffic to the large tier, 0 %, 1 %, …, 100 %,
