@@ -2,10 +2,11 @@
 
 ``SklearnClassifier`` wraps a scikit-learn ``Pipeline`` that takes *model text*: the last user
 message (clipped) behind a line of structural tokens (length bucket, code, maths, options,
-script). Putting the structural features into the text keeps the pipeline made of stock
-scikit-learn parts only, so the model file needs no custom code to load. ``model_text`` is the
-one place that text is built, for training and for scoring alike; changing it changes what a
-model file means, so bump ``MODEL_TEXT_VERSION`` when you do.
+script; since version 2 also the question's shape, ``shape_tokens``). Putting the structural
+features into the text keeps the pipeline made of stock scikit-learn parts only, so the model
+file needs no custom code to load. ``model_text`` is the one place that text is built, for
+training and for scoring alike; changing it changes what a model file means, so bump
+``MODEL_TEXT_VERSION`` when you do.
 
 Calibration: scores are a ranking, not probabilities. A model file records its **share curve**
 (``share_thresholds``): for each target share of traffic to the large tier, 0 %, 1 %, …, 100 %,
@@ -17,6 +18,7 @@ instructions, arena-hard, MMLU-Pro and GSM8K prompts) scores at or above it.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ __all__ = [
     "threshold_for_share",
 ]
 
-MODEL_TEXT_VERSION = 1
+MODEL_TEXT_VERSION = 2
 META_PREFIX = "tgm"
 """Structural tokens start with this; the word vectorizer skips them, the meta one keeps them."""
 
@@ -79,14 +81,50 @@ def _length_bucket(chars: int) -> int:
     return min(10, int(math.log2(chars)) - 4)
 
 
+UPPER_SHARE_EDGES = (0.009, 0.012, 0.015, 0.018, 0.023, 0.031, 0.045)
+OPTION_MIN_EDGES = (4, 6, 10, 16, 25, 40, 59)
+OPTION_SPREAD_EDGES = (0.3, 0.5, 1.25, 3.4, 6.8, 12.0, 20.0)
+"""Bucket edges of the question-shape tokens: the octiles of the MMLU-Pro training questions
+(capital-letter share of the stem; shortest option; standard deviation of option lengths)."""
+
+
+def _option_spread(lengths: Sequence[int]) -> float:
+    mean = sum(lengths) / len(lengths)
+    return math.sqrt(sum((n - mean) ** 2 for n in lengths) / len(lengths))
+
+
+def shape_tokens(features: PromptFeatures) -> list[str]:
+    """Question-shape tokens (version 2): what the MMLU-Pro outcomes were found to follow.
+
+    Capital-letter share of the stem, shortest option and spread of option lengths (octile
+    buckets), options with digits (none / some / all), numbers with units, formula characters
+    and question marks in the stem (small counts).
+    """
+    p = META_PREFIX
+    tokens = [f"{p}up{bisect.bisect_right(UPPER_SHARE_EDGES, features.upper_share)}"]
+    lengths = features.option_lengths
+    if lengths:
+        tokens.append(f"{p}omin{bisect.bisect_right(OPTION_MIN_EDGES, min(lengths))}")
+        tokens.append(f"{p}ospr{bisect.bisect_right(OPTION_SPREAD_EDGES, _option_spread(lengths))}")
+        numeric = features.numeric_options
+        tokens.append(f"{p}onum{0 if numeric == 0 else 2 if numeric == len(lengths) else 1}")
+    else:
+        tokens.append(f"{p}noopts")
+    tokens.append(f"{p}qty{min(features.quantities, 3)}")
+    tokens.append(f"{p}fx{min(features.formula_chars, 2)}")
+    tokens.append(f"{p}qm{min(features.question_marks, 1)}")
+    return tokens
+
+
 def meta_tokens(features: PromptFeatures) -> str:
-    """The structural features as words, e.g. ``tgmlen3 tgmcode tgmopts4 tgmlatin``."""
+    """The structural features as words, e.g. ``tgmlen3 tgmcode tgmopts4 tgmlatin tgmup2 …``."""
     p = META_PREFIX
     tokens = [f"{p}len{_length_bucket(features.chars)}"]
     tokens.append(f"{p}code" if features.has_code else f"{p}nocode")
     tokens.append(f"{p}math" if features.has_math else f"{p}nomath")
     tokens.append(f"{p}opts{min(features.n_options, 10)}")
     tokens.append(f"{p}{features.script}")
+    tokens.extend(shape_tokens(features))
     return " ".join(tokens)
 
 

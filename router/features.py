@@ -78,7 +78,87 @@ _MATH_WORDS = (
     "factorial",
 )
 _MATH_WORD = re.compile(rf"\b(?:{'|'.join(_MATH_WORDS)})(?:s|es|d|ed|n)?\b")
-_OPTION = re.compile(r"\n[ \t]*\(?([A-J])[.)][ \t]+\S")
+_OPTION = re.compile(r"\n[ \t]*\(?([A-J])[.)][ \t]+(\S[^\n]*)")
+_UNITS = frozenset(
+    {
+        "m",
+        "cm",
+        "mm",
+        "km",
+        "nm",
+        "µm",
+        "μm",
+        "kg",
+        "g",
+        "mg",
+        "s",
+        "ms",
+        "min",
+        "h",
+        "hr",
+        "hrs",
+        "J",
+        "kJ",
+        "MJ",
+        "eV",
+        "keV",
+        "MeV",
+        "W",
+        "kW",
+        "MW",
+        "V",
+        "mV",
+        "kV",
+        "A",
+        "mA",
+        "Hz",
+        "kHz",
+        "MHz",
+        "GHz",
+        "K",
+        "N",
+        "kN",
+        "Pa",
+        "kPa",
+        "MPa",
+        "atm",
+        "bar",
+        "torr",
+        "mol",
+        "mmol",
+        "M",
+        "L",
+        "mL",
+        "dL",
+        "Ω",
+        "ohm",
+        "ohms",
+        "C",
+        "F",
+        "T",
+        "rad",
+        "lb",
+        "lbs",
+        "ft",
+        "in",
+        "mi",
+        "yd",
+        "oz",
+        "psi",
+        "Btu",
+        "cal",
+        "kcal",
+        "%",
+        "°C",
+        "°F",
+        "°",
+        "$",
+    }
+)
+"""Unit symbols that make a number a quantity (``_QUANTITY``), case-sensitive."""
+_QUANTITY = re.compile(r"(\d)[ \t]?(°[CF]?|[%$Ωµμ]|[A-Za-z]{1,4}\b)")
+_FORMULA_CHARS = "=^\u00d7\u00f7\u221a\u222b\u2211\u03c0"  # = ^ times divide root integral sum pi
+_ASCII_NON_UPPER = bytes(b for b in range(128) if not chr(b).isupper())
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
 _CYRILLIC = re.compile(r"[\u0400-\u04ff]+")
@@ -185,15 +265,49 @@ def _has_math(text: str) -> bool:
     return any(word in lowered for word in _MATH_WORDS) and bool(_MATH_WORD.search(lowered))
 
 
-def _count_options(text: str) -> int:
-    """Length of the run of option labels A., B., C., ... at line starts (0 if < 2)."""
-    letters = {match.group(1) for match in _OPTION.finditer("\n" + text)}
-    count = 0
-    for letter in "ABCDEFGHIJ":
-        if letter not in letters:
-            break
-        count += 1
-    return count if count >= 2 else 0
+@dataclass(frozen=True, slots=True)
+class _Options:
+    stem: str
+    """The text before the first option line (all of it when there are no options)."""
+    lengths: tuple[int, ...]
+    """Characters of each option A, B, … of the run (empty when fewer than two)."""
+    numeric: int
+    """Options containing a digit."""
+
+
+def _options(text: str) -> _Options:
+    """The run of option lines A., B., C., … (at least two) and the question stem before it."""
+    padded = "\n" + text
+    run: list[str] = []
+    start = -1
+    for match in _OPTION.finditer(padded):
+        letter = match.group(1)
+        if letter == "A" and not run:
+            start = match.start()
+            run.append(match.group(2))
+        elif run and letter == "ABCDEFGHIJ"[len(run)]:
+            run.append(match.group(2))
+            if len(run) == 10:
+                break
+    if len(run) < 2:
+        return _Options(text, (), 0)
+    lengths = tuple(len(option.rstrip()) for option in run)
+    numeric = sum(1 for option in run if any(char.isdigit() for char in option))
+    return _Options(padded[1:start] if start > 0 else "", lengths, numeric)
+
+
+def _quantities(text: str) -> int:
+    """Numbers followed by a unit (``5 kg``, ``3.2 m``, ``20%``, ``100 °C``)."""
+    if not any(char.isdigit() for char in text):
+        return 0
+    return sum(1 for match in _QUANTITY.finditer(text) if match.group(2) in _UNITS)
+
+
+def _upper_share(text: str) -> float:
+    """Share of the characters that are ASCII capital letters (abbreviations, symbols, names)."""
+    if not text:
+        return 0.0
+    return len(text.encode("ascii", "ignore").translate(None, _ASCII_NON_UPPER)) / len(text)
 
 
 def _script(text: str) -> str:
@@ -235,6 +349,19 @@ class PromptFeatures:
     """Multiple-choice options (``A. …``, ``B. …``) in the last user message; 0 when none."""
     script: str
     """Dominant script of the last user message: latin, cjk, cyrillic, arabic, other, none."""
+    option_lengths: tuple[int, ...] = ()
+    """Characters of each multiple-choice option (empty when there are none)."""
+    numeric_options: int = 0
+    """Options that contain a digit."""
+    upper_share: float = 0.0
+    """Share of the question stem's characters that are ASCII capitals."""
+    quantities: int = 0
+    """Numbers with a unit in the question stem (``5 kg``, ``20%``)."""
+    formula_chars: int = 0
+    """Formula characters in the question stem: ``=``, ``^``, and the multiplication, division,
+    root, integral, sum and pi signs."""
+    question_marks: int = 0
+    """``?`` in the question stem."""
 
     @property
     def has_options(self) -> bool:
@@ -256,6 +383,8 @@ class PromptFeatures:
             MESSAGE_OVERHEAD_TOKENS + _text_tokens(t) for t in texts
         )
         scan = clip(last_user)
+        options = _options(scan)
+        stem = options.stem
         return cls(
             last_user_text=last_user,
             text=text,
@@ -265,8 +394,14 @@ class PromptFeatures:
             has_system=any(role in ("system", "developer") for role in roles),
             has_code=_has_code(scan),
             has_math=_has_math(scan),
-            n_options=_count_options(scan),
+            n_options=len(options.lengths),
             script=_script(scan),
+            option_lengths=options.lengths,
+            numeric_options=options.numeric,
+            upper_share=_upper_share(stem),
+            quantities=_quantities(stem),
+            formula_chars=sum(stem.count(char) for char in _FORMULA_CHARS),
+            question_marks=stem.count("?"),
         )
 
     @classmethod

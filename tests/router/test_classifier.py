@@ -28,7 +28,12 @@ def shipped() -> SklearnClassifier:
 
 def test_meta_tokens_describe_the_structure() -> None:
     features = PromptFeatures.from_text("Which?\nA. x = 1 + 2\nB. def f(): return 1;")
-    assert meta_tokens(features) == "tgmlen1 tgmcode tgmmath tgmopts2 tgmlatin"
+    assert meta_tokens(features) == (
+        "tgmlen1 tgmcode tgmmath tgmopts2 tgmlatin "
+        "tgmup7 tgmomin2 tgmospr4 tgmonum2 tgmqty0 tgmfx0 tgmqm1"
+    )
+    plain = meta_tokens(PromptFeatures.from_text("tell me a story about a dragon please"))
+    assert plain.endswith("tgmup0 tgmnoopts tgmqty0 tgmfx0 tgmqm0")
 
 
 @pytest.mark.parametrize(("chars", "bucket"), [(0, 0), (31, 0), (32, 1), (64, 2), (10**6, 10)])

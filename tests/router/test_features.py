@@ -154,6 +154,36 @@ def test_options(text: str, options: int) -> None:
     assert features.has_options is (options >= 2)
 
 
+def test_question_shape_of_a_multiple_choice_prompt() -> None:
+    text = (
+        "A 2 kg ball falls 20 m; g = 9.8 m/s^2. What is its speed?\nA. 19.8 m/s\nB. 14 m/s\nC. none"
+    )
+    features = PromptFeatures.from_text(text)
+    assert features.option_lengths == (8, 6, 4)
+    assert features.numeric_options == 2
+    assert features.quantities == 3  # 2 kg, 20 m, 9.8 m (the options are not the stem)
+    assert features.formula_chars == 2  # = and ^
+    assert features.question_marks == 1
+    stem = "A 2 kg ball falls 20 m; g = 9.8 m/s^2. What is its speed?"
+    assert features.upper_share == pytest.approx(2 / len(stem))
+
+
+def test_question_shape_without_options_reads_the_whole_text() -> None:
+    features = PromptFeatures.from_text("Why is the sky BLUE? And why 5 apples?")
+    assert features.option_lengths == ()
+    assert features.numeric_options == 0
+    assert features.quantities == 0  # "apples" is not a unit
+    assert features.question_marks == 2
+    assert features.upper_share == pytest.approx(6 / 38)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\x00\xff", "日本語のテキスト 5 kg", "A. only"])
+def test_question_shape_of_odd_text(text: str) -> None:
+    features = PromptFeatures.from_text(text)
+    assert 0.0 <= features.upper_share <= 1.0
+    assert features.quantities >= 0
+
+
 @pytest.mark.parametrize(
     ("text", "script"),
     [
