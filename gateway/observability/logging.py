@@ -76,11 +76,22 @@ class BackgroundStreamHandler(logging.Handler):
         super().__init__()
         self._stream = stream
         self._lines: queue.SimpleQueue[str | threading.Event | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write, name="tiergate-log", daemon=True)
-        self._writer.start()
+        self._lock_writer = threading.Lock()
+        self._writer = self._start_writer()
+
+    def _start_writer(self) -> threading.Thread:
+        writer = threading.Thread(target=self._write, name="tiergate-log", daemon=True)
+        writer.start()
+        return writer
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if not self._writer.is_alive():
+                # Closed and still in use: ``logging.config.dictConfig`` (uvicorn calls it at
+                # start-up) closes every existing handler. Start writing again.
+                with self._lock_writer:
+                    if not self._writer.is_alive():
+                        self._writer = self._start_writer()
             self._lines.put(self.format(record))
         except Exception:  # noqa: BLE001 - logging's contract: a bad record never raises
             self.handleError(record)

@@ -10,6 +10,7 @@ simulator fails for a while, so fallbacks and the breaker are real too.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -177,13 +178,18 @@ def test_the_burst_moved_the_counters_the_alerts_watch(
 def test_access_log_is_json_with_request_ids_and_no_prompt_text(
     metrics_stack: MetricsStack, burst: list[str]
 ) -> None:
-    lines = [
-        json.loads(line)
-        for line in metrics_stack.gateway.output().splitlines()
-        if line.startswith("{")
-    ]
-    access = [line for line in lines if line["logger"] == "tiergate.access"]
-    logged = {line["request_id"] for line in access}
+    deadline = time.monotonic() + 10  # lines are written by the gateway's log thread
+    while True:
+        lines = [
+            json.loads(line)
+            for line in metrics_stack.gateway.output().splitlines()
+            if line.startswith("{")
+        ]
+        access = [line for line in lines if line["logger"] == "tiergate.access"]
+        logged = {line["request_id"] for line in access}
+        if set(burst) <= logged or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert set(burst) <= logged
     assert all({"tenant", "tier", "deployment", "outcome", "latency_ms"} <= set(a) for a in access)
     assert SECRET_PROMPT not in metrics_stack.gateway.output()

@@ -43,3 +43,15 @@ def test_a_stalled_stream_does_not_block_the_caller_and_loses_nothing() -> None:
         f"line {i}" for i in range(2000)
     ]
     assert stream.writes < 2000  # batched
+
+
+def test_lines_emitted_after_close_are_still_written() -> None:
+    # logging.config.dictConfig (uvicorn calls it) closes every handler that exists.
+    stream = io.StringIO()
+    handler = BackgroundStreamHandler(stream)
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "after close", None, None)
+    handler.close()
+    handler.emit(record)
+    handler.flush()
+    assert stream.getvalue() == "after close\n"
+    handler.close()
