@@ -40,6 +40,16 @@ class Coalescer:
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """Closed: ``send`` and ``send_nowait`` raise ``RuntimeError``."""
+        return self._closed
+
+    @property
+    def pending(self) -> int:
+        """Commands queued and not yet handed to a pipeline."""
+        return len(self._queued)
+
     def send(self, command: Command) -> asyncio.Future[Any]:
         """Queue ``command``; the future gets its reply (or its error)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

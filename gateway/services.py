@@ -321,7 +321,7 @@ async def open_services(
                 breaker=breaker,
                 faults=tier_faults(settings.fallback),
                 continuation=settings.fallback.continuation,
-                stream_marks=StreamMarks(redis, settings.redis.key_prefix),
+                stream_marks=StreamMarks(redis, settings.redis.key_prefix, coalescer=coalescer),
                 tracing=tracing,
             )
             worker = Worker(

@@ -21,6 +21,10 @@ locally, without a Redis round trip. The successes counted meanwhile are added t
 with the next check or the next failure, and a failure always goes to Redis at once (and ends
 the local view). So a breaker another process opened is seen here within ``closed_view_s``,
 and the failure ratio is computed over every call, only a moment late for the successes.
+The checks are made by ``refresh`` (all breakers in one round trip, from ``BreakerWatch`` in
+the background, more often than ``closed_view_s``), so calls to deployments whose breakers
+stay closed make none; ``allow`` asks Redis itself only when the view has lapsed, or for a
+breaker that is open or half-open.
 """
 
 from __future__ import annotations
@@ -86,6 +90,17 @@ return 0
 """
 )
 
+# KEYS: open, tripped, window. ARGV: local successes, window_ms. → 0 closed, 1 half-open, 2 open
+_PEEK = (
+    _ADD_SUCCESSES
+    + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
+add_successes(KEYS[3], tonumber(ARGV[1]), ARGV[2])
+return 0
+"""
+)
+
 # KEYS: window, open, tripped, probe.
 # ARGV: ok, window_ms, min_calls, failure_ratio, open_ms, tripped_ms, local successes.
 # → new state (0/1/2)
@@ -144,10 +159,14 @@ class RedisBreaker:
         self._on_state = on_state
         self._allow = redis.register_script(_ALLOW)
         self._record = redis.register_script(_RECORD)
+        self._peek = redis.register_script(_PEEK)
         self._closed_until: dict[str, float] = {}
         """Deployment -> monotonic time until which its breaker is taken as closed here."""
         self._unsent: dict[str, int] = {}
         """Deployment -> successes counted locally, not yet added to its window."""
+        self._dropped: dict[str, int] = {}
+        """Deployment -> how often its local view was dropped (a refresh in flight meanwhile
+        must not renew it)."""
 
     def _keys(self, deployment: str) -> tuple[str, str, str, str]:
         base = f"{self._prefix}:{{breaker:{deployment}}}"
@@ -156,6 +175,10 @@ class RedisBreaker:
     def _notify(self, deployment: str, state: BreakerState) -> None:
         if self._on_state is not None:
             self._on_state(deployment, state)
+
+    def _drop_view(self, deployment: str) -> None:
+        self._closed_until.pop(deployment, None)
+        self._dropped[deployment] = self._dropped.get(deployment, 0) + 1
 
     def _closed_here(self, deployment: str) -> bool:
         return self._closed_until.get(deployment, 0.0) > time.monotonic()
@@ -189,7 +212,7 @@ class RedisBreaker:
         if ok and self._closed_here(deployment):
             self._unsent[deployment] = self._unsent.get(deployment, 0) + 1
             return BreakerState.CLOSED
-        self._closed_until.pop(deployment, None)
+        self._drop_view(deployment)
         unsent = self._unsent.pop(deployment, 0)
         c = self.config
         try:
@@ -226,6 +249,43 @@ class RedisBreaker:
             return BreakerState.OPEN
         return BreakerState.HALF_OPEN if is_tripped else BreakerState.CLOSED
 
+    async def refresh(self, deployments: Iterable[str]) -> dict[str, BreakerState]:
+        """Every breaker's state, in one round trip. On the way, the successes counted here
+        join their windows, and the local view of each closed breaker is renewed for
+        ``closed_view_s`` from the moment of asking (unless a failure or a trip dropped it
+        meanwhile), so a process refreshing more often than that never asks Redis on a
+        call's path while its breakers stay closed. ``RedisError`` propagates."""
+        names = list(deployments)
+        dropped = {name: self._dropped.get(name, 0) for name in names}
+        unsent = {name: self._unsent.pop(name, 0) for name in names}
+        asked = time.monotonic()
+        window_ms = _ms(self.config.window_s)
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in names:
+                    window, open_key, tripped, _ = self._keys(name)
+                    await self._peek(
+                        keys=[open_key, tripped, window],
+                        args=[unsent[name], window_ms],
+                        client=pipe,
+                    )
+                codes = await pipe.execute()
+        except RedisError:
+            for name, count in unsent.items():  # counted again with the next check
+                if count:
+                    self._unsent[name] = self._unsent.get(name, 0) + count
+            raise
+        states = {name: BreakerState(int(code)) for name, code in zip(names, codes, strict=True)}
+        view_s = self.config.closed_view_s
+        for name, state in states.items():
+            if (
+                state is BreakerState.CLOSED
+                and view_s > 0
+                and self._dropped.get(name, 0) == dropped[name]
+            ):
+                self._closed_until[name] = asked + view_s
+        return states
+
     async def unavailable(self, deployments: Iterable[str]) -> frozenset[str]:
         """The deployments whose breaker is open now (for the router's ``Signals.unavailable``);
         half-open ones are not listed, so that requests reach them and probe. Empty when Redis
@@ -246,7 +306,7 @@ class RedisBreaker:
         """Open the breaker now (its replicas fail their health checks): skipped for
         ``open_s``, then half-open as after any trip. Redis errors are logged."""
         window, open_key, tripped, probe = self._keys(deployment)
-        self._closed_until.pop(deployment, None)
+        self._drop_view(deployment)
         c = self.config
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
@@ -260,6 +320,6 @@ class RedisBreaker:
         self._notify(deployment, BreakerState.OPEN)
 
     async def reset(self, deployment: str) -> None:
-        self._closed_until.pop(deployment, None)
+        self._drop_view(deployment)
         self._unsent.pop(deployment, None)
         await self._redis.delete(*self._keys(deployment))

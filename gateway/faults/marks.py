@@ -6,6 +6,13 @@ starting over would repeat text, a lie. The second run checks the mark and ends 
 an explicit error instead. A stream that never reached its client is simply run again (falling
 back before the first token is free). Redis errors: a lost mark means a possible repeat, so they
 are logged.
+
+Only a reclaimed job can have run before (a job read from its stream for the first time, or
+started at once, cannot), so only a reclaimed run reads the mark. The mark is awaited before the
+first chunk leaves for an edge in another process; when the edge is in this process
+(``wait=False``) it is queued on the coalescer instead: the client's connection lives in this
+process, so if it dies before the mark is written there is no client left to repeat text to
+(the reclaimed run is then booked as run again, not as broken).
 """
 
 from __future__ import annotations
@@ -15,22 +22,35 @@ import logging
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.coalescer import Coalescer
+
 __all__ = ["StreamMarks"]
 
 log = logging.getLogger(__name__)
 
 
 class StreamMarks:
-    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, prefix: str, *, coalescer: Coalescer | None = None
+    ) -> None:
         self._redis = redis
         self._prefix = prefix
+        self._coalescer = coalescer
 
     def _key(self, request_id: str) -> str:
         return f"{self._prefix}:{{req:{request_id}}}:stream-started"
 
-    async def mark(self, request_id: str, ttl_s: float) -> None:
+    async def mark(self, request_id: str, ttl_s: float, *, wait: bool = True) -> None:
+        """Set the mark; ``wait=False`` queues it on the coalescer (if there is one) and
+        returns at once."""
+        key, ex = self._key(request_id), max(int(ttl_s), 1)
+        if not wait and self._coalescer is not None and not self._coalescer.closed:
+            self._coalescer.send_nowait(
+                lambda p: p.set(key, b"1", ex=ex), f"stream mark of {request_id}"
+            )
+            return
         try:
-            await self._redis.set(self._key(request_id), b"1", ex=max(int(ttl_s), 1))
+            await self._redis.set(key, b"1", ex=ex)
         except RedisError as exc:
             log.warning("cannot mark stream %s as started: %r", request_id, exc)
 

@@ -2,8 +2,10 @@
 
 The router's ``Signals`` are a snapshot taken without I/O per request, so the edge reads
 ``BreakerWatch.open_now`` (a frozenset) and this task refreshes it from Redis every
-``interval_s``; it also re-exports every deployment's state to ``/metrics``, so the gauge shows
-what all processes did, not only this one.
+``interval_s`` (one round trip for all deployments, ``RedisBreaker.refresh``, which also renews
+the breaker's local view of closed breakers: by default ``interval_s`` is half of
+``closed_view_s``, so calls find it fresh); it also re-exports every deployment's state to
+``/metrics``, so the gauge shows what all processes did, not only this one.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ class BreakerWatch:
         breaker: RedisBreaker,
         deployments: Sequence[str],
         *,
-        interval_s: float = 1.0,
+        interval_s: float | None = None,
         set_state: Callable[[str, str], None] | None = None,
     ) -> None:
         self._breaker = breaker
         self._deployments = tuple(deployments)
+        view_s = breaker.config.closed_view_s
+        if interval_s is None:
+            interval_s = min(1.0, view_s / 2) if view_s > 0 else 1.0
         self._interval_s = interval_s
         self._set_state = set_state
         self._task: asyncio.Task[None] | None = None
@@ -40,12 +45,10 @@ class BreakerWatch:
         """Deployments whose breaker was open at the last refresh."""
 
     async def refresh(self) -> None:
-        states: dict[str, BreakerState] = {}
-        for name in self._deployments:
-            try:
-                states[name] = await self._breaker.state(name)
-            except RedisError:
-                return  # keep the last view; the breaker itself fails open
+        try:
+            states = await self._breaker.refresh(self._deployments)
+        except RedisError:
+            return  # keep the last view; the breaker itself fails open
         self.open_now = frozenset(n for n, s in states.items() if s is BreakerState.OPEN)
         if self._set_state is not None:
             for name, state in states.items():

@@ -110,6 +110,10 @@ class _Run:
 
     job: Job
     picked_at: float
+    reclaimed: bool = False
+    """Taken over from a worker that died: it may have sent part of a stream already."""
+    local: bool = False
+    """The client waits in this process (a job started at once): nothing crosses Redis."""
     attempts: list[Attempt] = field(default_factory=list)
     usage_total: list[Usage] = field(default_factory=list)
     backend_s: float = 0.0
@@ -174,17 +178,20 @@ class Executor:
         """Mark a running job as abandoned by its client; cancel its task next."""
         self._abandoned.add(request_id)
 
-    async def run(self, job: Job, emit: Emit) -> LedgerEntry:
-        """Serve ``job``; its ledger entry (not yet written). Traced as ``queue.wait`` and
-        ``job``, with one ``backend.attempt`` span per call."""
+    async def run(
+        self, job: Job, emit: Emit, *, reclaimed: bool = False, local: bool = False
+    ) -> LedgerEntry:
+        """Serve ``job``; its ledger entry (not yet written). ``reclaimed``: taken over from a
+        worker that died; ``local``: ``emit`` answers a client waiting in this process. Traced
+        as ``queue.wait`` and ``job``, with one ``backend.attempt`` span per call."""
         with self._tracing.job(job) as span:
-            entry = await self._guarded(job, emit)
+            entry = await self._guarded(_Run(job, time.time(), reclaimed, local), emit)
             self._tracing.job_done(span, entry)
             return entry
 
-    async def _guarded(self, job: Job, emit: Emit) -> LedgerEntry:
+    async def _guarded(self, run: _Run, emit: Emit) -> LedgerEntry:
         """``_run``, ended as ``client_disconnected`` when the job is abandoned."""
-        run = _Run(job=job, picked_at=time.time())
+        job = run.job
         try:
             return await self._run(run, emit)
         except asyncio.CancelledError:
@@ -206,7 +213,12 @@ class Executor:
             )
             await emit(Reply(job.request_id, "error", error.body(), {"status": error.status}))
             return self._entry(run, error.outcome, error.status)
-        if job.stream and self._marks is not None and await self._marks.started(job.request_id):
+        if (
+            job.stream
+            and run.reclaimed
+            and self._marks is not None
+            and await self._marks.started(job.request_id)
+        ):
             # A run before this one (its worker died) already sent part of the answer, which
             # this run cannot see: starting over would repeat it.
             run.ttft_at = time.time()
@@ -388,7 +400,9 @@ class Executor:
         run.ttft_at = time.time()
         self._served(run, deployment)
         if self._marks is not None:
-            await self._marks.mark(job.request_id, job.deadline - run.ttft_at + 60)
+            await self._marks.mark(
+                job.request_id, job.deadline - run.ttft_at + 60, wait=not run.local
+            )
         await emit(Reply(job.request_id, "chunk", data, self._route_meta(run)))
 
     def _open(

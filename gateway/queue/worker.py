@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -358,12 +359,19 @@ class Worker:
             assert task is not None
             self._running[job.request_id] = task
             try:
+                run = functools.partial(
+                    self._executor.run,
+                    job,
+                    emit,
+                    reclaimed=bool(reclaimed),
+                    local=deliver is not None,
+                )
                 if reservation is not None:
                     async with self._pool.holding(reservation):
                         reservation = None
-                        entry = await self._executor.run(job, emit)
+                        entry = await run()
                 else:
-                    entry = await self._executor.run(job, emit)
+                    entry = await run()
             finally:
                 self._running.pop(job.request_id, None)
             await self._ledger.write(entry)

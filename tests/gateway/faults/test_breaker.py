@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from gateway.faults.breaker import BreakerConfig, BreakerState, RedisBreaker
 
@@ -98,3 +99,56 @@ async def test_a_local_view_of_a_closed_breaker_saves_round_trips_and_loses_no_c
     assert await here.allow("d")  # still the local view
     await asyncio.sleep(0.35)
     assert not await here.allow("d")
+
+
+VIEW = BreakerConfig(
+    window_s=5, min_calls=4, failure_ratio=0.5, open_s=5, probe_timeout_s=2, closed_view_s=0.3
+)
+
+
+async def test_refresh_renews_the_closed_view_and_sends_the_counted_successes(
+    client: aioredis.Redis, key_prefix: str
+) -> None:
+    here = RedisBreaker(client, key_prefix, VIEW)
+    elsewhere = RedisBreaker(client, key_prefix, VIEW)
+    window = f"{key_prefix}:{{breaker:d}}:window"
+    assert await here.refresh(["d", "e"]) == {"d": BreakerState.CLOSED, "e": BreakerState.CLOSED}
+    for _ in range(3):
+        assert await here.record("d", ok=True) is BreakerState.CLOSED  # counted locally
+    assert await client.hget(window, "total") is None
+    await here.refresh(["d"])
+    assert await client.hget(window, "total") == b"3"
+    # Opened elsewhere after the refresh: the view, renewed by the refresh and not by a call's
+    # check, is trusted until it lapses, then the call asks Redis.
+    await elsewhere.trip("d")
+    assert await here.allow("d")
+    await asyncio.sleep(VIEW.closed_view_s + 0.05)
+    assert not await here.allow("d")
+    assert (await here.refresh(["d"]))["d"] is BreakerState.OPEN
+    assert not await here.allow("d")  # an open breaker is never taken as closed
+
+
+async def test_a_failure_during_a_refresh_keeps_the_view_dropped(
+    client: aioredis.Redis, key_prefix: str
+) -> None:
+    here = RedisBreaker(client, key_prefix, VIEW)
+    elsewhere = RedisBreaker(client, key_prefix, VIEW)
+    refreshing = asyncio.create_task(here.refresh(["d"]))
+    await asyncio.sleep(0)  # the refresh has asked; its answer (closed) is on its way
+    await here.record("d", ok=False)  # drops the local view
+    assert (await refreshing)["d"] is BreakerState.CLOSED
+    await elsewhere.trip("d")
+    assert not await here.allow("d")  # asked Redis: the refresh did not renew the view
+
+
+async def test_refresh_with_redis_down_raises_and_keeps_the_counted_successes() -> None:
+    down = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    try:
+        breaker = RedisBreaker(down, "tgtest-down", VIEW)
+        breaker._closed_until["d"] = float("inf")  # as if a check had found it closed
+        assert await breaker.record("d", ok=True) is BreakerState.CLOSED
+        with pytest.raises(RedisError):
+            await breaker.refresh(["d"])
+        assert breaker._unsent == {"d": 1}
+    finally:
+        await down.aclose()
