@@ -9,10 +9,10 @@ are logged.
 
 Only a reclaimed job can have run before (a job read from its stream for the first time, or
 started at once, cannot), so only a reclaimed run reads the mark. The mark is awaited before the
-first chunk leaves for an edge in another process; when the edge is in this process
-(``wait=False``) it is queued on the coalescer instead: the client's connection lives in this
-process, so if it dies before the mark is written there is no client left to repeat text to
-(the reclaimed run is then booked as run again, not as broken).
+first chunk leaves for an edge in another process; when the edge is in this process it is
+queued on the coalescer (``wait=False``) after the chunk is handed over: the client's connection
+lives in this process, so if it dies before the mark is written there is no client left to
+repeat text to (the reclaimed run is then run again and booked, not booked as broken).
 """
 
 from __future__ import annotations

@@ -399,11 +399,13 @@ class Executor:
         job = run.job
         run.ttft_at = time.time()
         self._served(run, deployment)
-        if self._marks is not None:
-            await self._marks.mark(
-                job.request_id, job.deadline - run.ttft_at + 60, wait=not run.local
-            )
+        ttl_s = job.deadline - run.ttft_at + 60
+        if self._marks is not None and not run.local:
+            await self._marks.mark(job.request_id, ttl_s)  # before the chunk leaves the process
         await emit(Reply(job.request_id, "chunk", data, self._route_meta(run)))
+        if self._marks is not None and run.local:
+            # The client is in this process: queued after the chunk, whose relay goes first.
+            await self._marks.mark(job.request_id, ttl_s, wait=False)
 
     def _open(
         self,

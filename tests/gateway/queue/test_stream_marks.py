@@ -111,17 +111,18 @@ async def test_a_remote_first_chunk_leaves_after_its_mark(rig: Rig) -> None:
 
 
 async def test_a_local_stream_is_marked_without_waiting(rig: Rig) -> None:
-    """The mark is queued on the coalescer: still unsent when the first chunk is handed over
-    (no round trip before it), in Redis once the coalescer has sent it."""
+    """The client waits in this process: its first chunk is handed over before the mark is even
+    queued (no round trip before it), and the mark is in Redis once the coalescer has sent it."""
     request_id = f"req_{uuid.uuid4().hex}"
-    pending_at_first_chunk: list[int] = []
+    at_first_chunk: list[tuple[int, int]] = []
 
     async def emit(reply: Reply) -> None:
-        if reply.kind == "chunk" and not pending_at_first_chunk:
-            pending_at_first_chunk.append(rig.coalescer.pending)
+        if reply.kind == "chunk" and not at_first_chunk:
+            queued = rig.coalescer.pending
+            at_first_chunk.append((queued, await rig.redis.exists(rig.mark_key(request_id))))
 
     entry = await rig.executor.run(stream_job(request_id), emit, local=True)
     assert entry.outcome == "ok"
-    assert pending_at_first_chunk == [1]
+    assert at_first_chunk == [(0, 0)]
     await rig.coalescer.flush()
     assert await rig.redis.exists(rig.mark_key(request_id)) == 1
