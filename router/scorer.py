@@ -25,6 +25,7 @@ Pure: no I/O and no shared state; built once at start-up (``router.serving_expor
 from __future__ import annotations
 
 import math
+import operator
 import re
 from array import array
 from collections import Counter
@@ -75,10 +76,11 @@ def word_ngrams(
     low, high = ngram_range
     if high == 1:
         return tokens
-    count = len(tokens)
     grams = list(tokens) if low == 1 else []
-    for n in range(max(low, 2), min(high, count) + 1):
-        grams.extend(" ".join(tokens[i : i + n]) for i in range(count - n + 1))
+    for n in range(max(low, 2), min(high, len(tokens)) + 1):
+        # runs of n consecutive tokens, in order: the list shifted by 0 .. n-1, zipped (the
+        # shorter shifts end it)
+        grams.extend(map(" ".join, zip(*(tokens[i:] for i in range(n)), strict=False)))
     return grams
 
 
@@ -110,18 +112,29 @@ class HashedBranch:
         if not tokens:
             return 0.0
         n = spec.n_features
-        # Hashed as UTF-8 bytes, as scikit-learn does (a lone surrogate raises
-        # UnicodeEncodeError there and here; mmh3 given such a str crashes the interpreter).
-        hashes = [mmh3.hash(token.encode("utf-8")) for token in tokens]
+        hashes = _hashes(text, tokens)
+        if spec.alternate_sign or spec.binary:
+            return self._value_of_counts(hashes)
+        # Every value is a count: Σ over tokens of w[index] is the row · weights, and the
+        # norm needs only how often each index occurs.
+        indices = [abs(h) % n for h in hashes]
+        total = sum(map(self.weights.__getitem__, indices))
+        if spec.norm is None:
+            return total
+        counts = Counter(indices).values()
+        return total / math.sqrt(sum(map(operator.mul, counts, counts)))
+
+    def _value_of_counts(self, hashes: list[int]) -> float:
+        """The general case: signed counts per index, or 1 per index present (``binary``)."""
+        spec, weights, n = self.spec, self.weights, self.spec.n_features
         counts: Counter[int] = Counter()
         if spec.alternate_sign:
             for h in hashes:
                 counts[abs(h) % n] += 1 if h >= 0 else -1
         else:
             counts.update(abs(h) % n for h in hashes)
-        weights = self.weights
-        if spec.binary:
-            total = sum(weights[i] for i in counts)
+        if spec.binary:  # scikit-learn sets every stored entry to 1, even a sum of 0
+            total = sum(map(weights.__getitem__, counts))
             squares = float(len(counts))
         else:
             total = sum(weights[i] * v for i, v in counts.items())
@@ -130,6 +143,26 @@ class HashedBranch:
             norm = math.sqrt(squares)
             return total / norm if norm else 0.0
         return total
+
+
+def _hashes(text: str, tokens: list[str]) -> list[int]:
+    """MurmurHash3 (32-bit, seed 0, signed) of each token's UTF-8 bytes, as scikit-learn does.
+
+    mmh3 encodes a ``str`` itself, but crashes the interpreter on one that UTF-8 cannot encode
+    (a lone surrogate). Tokens of a text that encodes are safe; those of any other text are
+    encoded here first, which raises ``UnicodeEncodeError`` as scikit-learn does.
+    """
+    if text.isascii() or _encodes(text):
+        return list(map(mmh3.hash, tokens))
+    return [mmh3.hash(token.encode("utf-8")) for token in tokens]
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class HashedLinearScorer:

@@ -89,7 +89,9 @@ def test_mmh3_hashes_utf8_as_scikit_learn_does() -> None:
     alphabet = "abcXYZ 0123 éßñİ中文日本語한국어Ωж🙂\x00\t\n"
     for _ in range(5000):
         token = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
-        assert mmh3.hash(token.encode("utf-8")) == murmurhash3_32(token, seed=0), token
+        expected = murmurhash3_32(token, seed=0)
+        assert mmh3.hash(token.encode("utf-8")) == expected, token
+        assert mmh3.hash(token) == expected, token  # a str that encodes: hashed as UTF-8
 
 
 def test_head_only_branch_reads_the_whole_text_when_the_prefix_recurs() -> None:
