@@ -68,7 +68,7 @@ from gateway.rules.setup import open_rules
 from gateway.settings import DeploymentSettings, FallbackSettings, Settings, read_secret
 from router.catalog import Catalog, DeploymentSpec, TenantPolicy
 from router.classifier import Classifier
-from router.model_file import load_classifier
+from router.loader import load_serving_classifier
 
 __all__ = ["Services", "build_catalog", "build_policies", "open_services"]
 
@@ -246,7 +246,7 @@ async def open_services(
         )
         catalog = build_catalog(settings, prices)
         rules = await open_rules(settings, redis, catalog, stack)
-        classifier = load_classifier(settings.router.model_path)
+        classifier = load_serving_classifier(settings.router.model_path)
         metrics.declare_deployments(d.model for d in settings.deployments)
         directory = TenantDirectory(
             build_policies(settings, classifier.threshold or _FALLBACK_THRESHOLD),

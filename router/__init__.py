@@ -1,13 +1,16 @@
 """Routing decisions: prompt features, classifier scoring and the pure planner.
 
 ``router.training`` (training and evaluation) is deliberately not imported here: the request
-path never needs it.
+path never needs it. Nor is scikit-learn, SciPy, skops or numpy: serving scores with the
+serving export (``load_serving_classifier``); they are imported only when a skops file is
+loaded or written.
 """
 
 from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
-from router.classifier import Classifier, SklearnClassifier, model_text
+from router.classifier import Classifier, HashedLinearClassifier, SklearnClassifier, model_text
 from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, UnknownModel
 from router.features import PromptFeatures, estimate_tokens, extract_text, message_text
+from router.loader import load_serving_classifier
 from router.model_file import (
     DEFAULT_MODEL_PATH,
     ModelFileError,
@@ -18,6 +21,7 @@ from router.model_file import (
 )
 from router.plan import RoutePlan
 from router.planner import AUTO, FALLBACK_ORDER, decide
+from router.serving_export import ServingExportError, serving_export_path
 
 __all__ = [
     "AUTO",
@@ -26,6 +30,7 @@ __all__ = [
     "Catalog",
     "Classifier",
     "DeploymentSpec",
+    "HashedLinearClassifier",
     "ModelFileError",
     "ModelNotAllowed",
     "ModelVersionError",
@@ -33,6 +38,7 @@ __all__ = [
     "PromptFeatures",
     "RoutePlan",
     "RoutingError",
+    "ServingExportError",
     "Signals",
     "SklearnClassifier",
     "TenantPolicy",
@@ -43,7 +49,9 @@ __all__ = [
     "estimate_tokens",
     "extract_text",
     "load_classifier",
+    "load_serving_classifier",
     "message_text",
     "model_text",
     "save_classifier",
+    "serving_export_path",
 ]

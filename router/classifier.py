@@ -20,28 +20,30 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-from sklearn.utils import murmurhash3_32
-
 from router.features import PromptFeatures, clip
+from router.scorer import HashedBranch, HashedLinearScorer, HashingSpec
 
 __all__ = [
     "META_PREFIX",
+    "META_TOKEN_PATTERN",
     "MODEL_TEXT_VERSION",
     "CalibratedClassifier",
     "Classifier",
+    "HashedLinearClassifier",
     "SklearnClassifier",
     "model_text",
+    "pipeline_scorer",
     "threshold_for_share",
 ]
 
 MODEL_TEXT_VERSION = 2
 META_PREFIX = "tgm"
 """Structural tokens start with this; the word vectorizer skips them, the meta one keeps them."""
+META_TOKEN_PATTERN = rf"\b{META_PREFIX}\w+\b"
+"""The meta vectorizer's token pattern: only structural tokens match it."""
 
 
 @runtime_checkable
@@ -144,140 +146,78 @@ _PROBES = (
 """Texts on which the fast scorer must agree with the pipeline before it is used."""
 
 
-_META_PATTERN = rf"\b{META_PREFIX}\w+\b"
+def _hashing_spec(vectorizer: Any) -> HashingSpec | None:
+    """The settings of a word ``HashingVectorizer`` the hashed scorer reproduces exactly, or
+    ``None`` for anything else (other analyzers, custom callables, accent stripping…)."""
+    if type(vectorizer).__name__ != "HashingVectorizer":
+        return None
+    plain = (
+        vectorizer.analyzer == "word"
+        and vectorizer.input == "content"
+        and vectorizer.preprocessor is None
+        and vectorizer.tokenizer is None
+        and vectorizer.strip_accents is None
+        and isinstance(vectorizer.token_pattern, str)
+        and vectorizer.norm in (None, "l2")
+        and getattr(vectorizer.dtype, "__name__", None) == "float64"
+    )
+    if not plain:
+        return None
+    low, high = vectorizer.ngram_range
+    stop_words = vectorizer.get_stop_words()
+    return HashingSpec(
+        token_pattern=vectorizer.token_pattern,
+        lowercase=bool(vectorizer.lowercase),
+        ngram_range=(int(low), int(high)),
+        n_features=int(vectorizer.n_features),
+        binary=bool(vectorizer.binary),
+        norm=vectorizer.norm,
+        alternate_sign=bool(vectorizer.alternate_sign),
+        stop_words=None if stop_words is None else frozenset(stop_words),
+        head_prefix=META_PREFIX if vectorizer.token_pattern == META_TOKEN_PATTERN else None,
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class _Branch:
-    analyzer: Callable[[str], list[str]]
-    n_features: int
-    binary: bool
-    l2: bool
-    alternate_sign: bool
-    weights: np.ndarray
-    meta_only: bool
-    """Its tokens are the structural ones: it reads only the first line of the model text
-    unless the prefix also occurs further on (then all of it, as the pipeline does)."""
+def pipeline_scorer(pipeline: Any) -> HashedLinearScorer | None:
+    """The hashed scorer equivalent to a fitted pipeline, or ``None`` if it has another shape.
 
-
-class _HashedLinearScorer:
-    """The pipeline's arithmetic without scikit-learn's per-call overhead.
-
-    ``predict_proba`` on one short text costs about 1.5 ms, nearly all of it input validation
-    and sparse-matrix construction; hashing the analyzers' tokens directly (murmurhash3 with
-    seed 0, as ``HashingVectorizer`` does) and taking the dot product costs about a tenth of
-    that. Built only for a ``FeatureUnion`` of ``HashingVectorizer`` branches feeding a binary
-    linear model, and only used after agreeing with the pipeline on probe texts.
+    Supported: ``Pipeline([(_, FeatureUnion([(name, HashingVectorizer(analyzer="word")), …])),
+    (_, <binary linear model>)])`` with plain vectorizers (``_hashing_spec``); transformer
+    weights are folded into the weights. Reads the fitted objects' attributes only, so it
+    imports nothing from scikit-learn. Callers check it against the pipeline on probe texts.
     """
-
-    __slots__ = ("_branches", "_intercept")
-
-    def __init__(self, branches: list[_Branch], intercept: float) -> None:
-        self._branches = branches
-        self._intercept = intercept
-
-    @classmethod
-    def from_pipeline(cls, pipeline: Any) -> _HashedLinearScorer | None:
-        try:
-            (_, union), (_, model) = pipeline.steps
-            coef = np.asarray(model.coef_, dtype=np.float64)
-            if coef.shape[0] != 1 or list(model.classes_) != [0, 1]:
-                return None
-            scale = union.transformer_weights or {}
-            branches: list[_Branch] = []
-            offset = 0
-            for name, vectorizer in union.transformer_list:
-                if type(vectorizer).__name__ != "HashingVectorizer" or vectorizer.norm not in (
-                    None,
-                    "l2",
-                ):
-                    return None
-                n = int(vectorizer.n_features)
-                weights = coef[0, offset : offset + n] * float(scale.get(name, 1.0))
-                branches.append(
-                    _Branch(
-                        analyzer=vectorizer.build_analyzer(),
-                        n_features=n,
-                        binary=bool(vectorizer.binary),
-                        l2=vectorizer.norm == "l2",
-                        alternate_sign=bool(vectorizer.alternate_sign),
-                        weights=weights,
-                        meta_only=vectorizer.token_pattern == _META_PATTERN
-                        and vectorizer.preprocessor is None
-                        and vectorizer.strip_accents is None,
-                    )
-                )
-                offset += n
-            if offset != coef.shape[1]:
-                return None
-            return cls(branches, float(model.intercept_[0]))
-        except (AttributeError, TypeError, ValueError):
+    try:
+        (_, union), (_, model) = pipeline.steps
+        if len(model.coef_) != 1 or list(model.classes_) != [0, 1]:
             return None
-
-    def __call__(self, text: str) -> float:
-        z = self._intercept
-        for branch in self._branches:
-            z += _branch_value(branch, text)
-        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-
-
-def _meta_line(text: str) -> str:
-    """The first line of ``text`` when the structural prefix occurs nowhere after it."""
-    head, newline, rest = text.partition("\n")
-    return head if newline and META_PREFIX not in rest.lower() else text
-
-
-def _branch_value(branch: _Branch, text: str) -> float:
-    """One vectorizer's row (as ``HashingVectorizer.transform`` makes it) · its weights."""
-    tokens = branch.analyzer(_meta_line(text) if branch.meta_only else text)
-    if not tokens:
-        return 0.0
-    hashes = np.fromiter((murmurhash3_32(t, seed=0) for t in tokens), np.int64, len(tokens))
-    index, inverse = np.unique(np.abs(hashes) % branch.n_features, return_inverse=True)
-    if branch.binary:
-        values: np.ndarray = np.ones(len(index))
-    else:
-        signs = np.where(hashes < 0, -1.0, 1.0) if branch.alternate_sign else None
-        values = np.bincount(inverse, weights=signs).astype(np.float64, copy=False)
-    total = float(branch.weights[index] @ values)
-    if branch.l2:
-        norm = math.sqrt(float(values @ values))
-        return total / norm if norm else 0.0
-    return total
-
-
-class SklearnClassifier:
-    """A fitted scikit-learn pipeline (text in, ``predict_proba`` out) as a ``Classifier``.
-
-    Scoring uses a fast path equivalent to the pipeline (checked on probe texts at
-    construction); ``fast`` says whether it is in use, else the pipeline itself is called.
-    """
-
-    __slots__ = ("_fast", "_positive_index", "_share_curve", "metadata", "pipeline")
-
-    def __init__(self, pipeline: Any, *, metadata: dict[str, Any] | None = None) -> None:
-        classes = list(getattr(pipeline, "classes_", [0, 1]))
-        if 1 not in classes:
-            raise ValueError(f"pipeline has no positive class 1 (classes: {classes})")
-        self.pipeline = pipeline
-        self.metadata: dict[str, Any] = dict(metadata or {})
-        self._positive_index = classes.index(1)
-        self._fast = self._verified_fast_path()
-        curve = self.metadata.get("share_thresholds")
-        self._share_curve = tuple(float(v) for v in curve) if curve else None
-
-    def _verified_fast_path(self) -> _HashedLinearScorer | None:
-        fast = _HashedLinearScorer.from_pipeline(self.pipeline)
-        if fast is None or not hasattr(self.pipeline, "classes_"):
+        coef = [float(w) for w in model.coef_[0].tolist()]
+        scale = union.transformer_weights or {}
+        branches: list[HashedBranch] = []
+        offset = 0
+        for name, vectorizer in union.transformer_list:
+            spec = _hashing_spec(vectorizer)
+            if spec is None:
+                return None
+            factor = float(scale.get(name, 1.0))
+            weights = coef[offset : offset + spec.n_features]
+            branches.append(HashedBranch(spec, [w * factor for w in weights]))
+            offset += spec.n_features
+        if offset != len(coef):
             return None
-        reference = self._pipeline_scores(list(_PROBES))
-        if all(abs(fast(t) - r) < 1e-9 for t, r in zip(_PROBES, reference, strict=True)):
-            return fast
+        return HashedLinearScorer(branches, float(model.intercept_[0]))
+    except (AttributeError, TypeError, ValueError, IndexError):
         return None
 
-    @property
-    def fast(self) -> bool:
-        return self._fast is not None
+
+class _ModelMetadata:
+    """What a model file records beside the model: the default threshold and the share curve."""
+
+    __slots__ = ("_share_curve", "metadata")
+
+    def __init__(self, metadata: dict[str, Any] | None) -> None:
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        curve = self.metadata.get("share_thresholds")
+        self._share_curve = tuple(float(v) for v in curve) if curve else None
 
     @property
     def threshold(self) -> float | None:
@@ -294,6 +234,62 @@ class SklearnClassifier:
         if self._share_curve is None:
             raise ValueError("this model file records no share curve; retrain it")
         return threshold_for_share(self._share_curve, share)
+
+
+class HashedLinearClassifier(_ModelMetadata):
+    """The serving classifier: the pure hashed scorer (``router.scorer``) and the model's
+    metadata, as read from the serving export (``router.serving_export``). Needs neither
+    scikit-learn nor numpy."""
+
+    __slots__ = ("scorer",)
+
+    def __init__(
+        self, scorer: HashedLinearScorer, *, metadata: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(metadata)
+        self.scorer = scorer
+
+    def score(self, features: PromptFeatures) -> float:
+        return self.scorer(model_text(features))
+
+
+class SklearnClassifier(_ModelMetadata):
+    """A fitted scikit-learn pipeline (text in, ``predict_proba`` out) as a ``Classifier``.
+
+    Scoring uses the hashed scorer equivalent to the pipeline (``pipeline_scorer``, checked on
+    probe texts at construction); ``fast`` says whether it is in use, else the pipeline itself
+    is called. Training, evaluation and the start-up fallback use it; serving normally uses
+    ``HashedLinearClassifier`` from the serving export instead.
+    """
+
+    __slots__ = ("_fast", "_positive_index", "pipeline")
+
+    def __init__(self, pipeline: Any, *, metadata: dict[str, Any] | None = None) -> None:
+        classes = list(getattr(pipeline, "classes_", [0, 1]))
+        if 1 not in classes:
+            raise ValueError(f"pipeline has no positive class 1 (classes: {classes})")
+        super().__init__(metadata)
+        self.pipeline = pipeline
+        self._positive_index = classes.index(1)
+        self._fast = self._verified_fast_path()
+
+    def _verified_fast_path(self) -> HashedLinearScorer | None:
+        fast = pipeline_scorer(self.pipeline)
+        if fast is None or not hasattr(self.pipeline, "classes_"):
+            return None
+        reference = self._pipeline_scores(list(_PROBES))
+        if all(abs(fast(t) - r) < 1e-9 for t, r in zip(_PROBES, reference, strict=True)):
+            return fast
+        return None
+
+    @property
+    def fast(self) -> bool:
+        return self._fast is not None
+
+    @property
+    def scorer(self) -> HashedLinearScorer | None:
+        """The verified hashed scorer (what the serving export is written from), if any."""
+        return self._fast
 
     def score(self, features: PromptFeatures) -> float:
         text = model_text(features)

@@ -1,5 +1,10 @@
 """Reading and writing classifier model files (skops, never pickle). Start-up only.
 
+The skops file is the model's source of truth. A serving process normally reads the serving
+export written beside it instead (``router.serving_export``; chosen by ``router.loader``), so
+scikit-learn and skops are imported here only inside the functions that need them: the
+training and evaluation code, and the start-up fallback when there is no usable export.
+
 A model file is a skops archive of one dict::
 
     {"format": "tiergate.complexity", "format_version": 1, "model_text_version": 1,
@@ -20,11 +25,6 @@ import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
-
-import sklearn
-import skops.io
-from sklearn.exceptions import InconsistentVersionWarning
-from skops.io.exceptions import UntrustedTypesFoundException
 
 from router.classifier import MODEL_TEXT_VERSION, SklearnClassifier
 
@@ -79,6 +79,9 @@ def _major_minor(version: str) -> tuple[str, ...]:
 
 def save_classifier(classifier: SklearnClassifier, path: Path) -> None:
     """Write ``classifier`` (pipeline and metadata) to ``path``, recording library versions."""
+    import sklearn
+    import skops.io
+
     data: dict[str, Any] = {
         **classifier.metadata,
         "format": FORMAT,
@@ -92,6 +95,10 @@ def save_classifier(classifier: SklearnClassifier, path: Path) -> None:
 
 
 def _read(path: Path) -> Any:
+    import skops.io
+    from sklearn.exceptions import InconsistentVersionWarning
+    from skops.io.exceptions import UntrustedTypesFoundException
+
     try:
         with warnings.catch_warnings():
             # Patch-level differences are accepted; major.minor is checked below, clearly.
@@ -106,6 +113,8 @@ def _read(path: Path) -> Any:
 
 
 def _check(path: Path, data: Any) -> None:
+    import sklearn
+
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ModelFileError(f"{path}: not a tiergate complexity model file")
     if data.get("format_version") != FORMAT_VERSION:
@@ -128,7 +137,11 @@ def _check(path: Path, data: Any) -> None:
 
 
 def load_classifier(path: Path | None = None) -> SklearnClassifier:
-    """Load a model file (``None``: the shipped one), checking types and versions."""
+    """Load a model file (``None``: the shipped one), checking types and versions.
+
+    Imports scikit-learn, SciPy and skops (about 120 MB resident): a serving process uses
+    ``router.loader.load_serving_classifier``, which reads the serving export when it can.
+    """
     path = DEFAULT_MODEL_PATH if path is None else path
     data = _read(path)
     _check(path, data)

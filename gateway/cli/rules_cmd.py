@@ -201,7 +201,7 @@ def explain(
     """The route plan for a prompt (no model is called), as JSON."""
     from gateway.services import _FALLBACK_THRESHOLD, build_policies
     from router.features import PromptFeatures
-    from router.model_file import load_classifier
+    from router.loader import load_serving_classifier
     from router.planner import decide
 
     settings = load_settings(config)
@@ -215,7 +215,7 @@ def explain(
         )
     except RulesInvalid as exc:
         raise _fail(f"{rules}: {exc}") from None
-    classifier = load_classifier(settings.router.model_path)
+    classifier = load_serving_classifier(settings.router.model_path)
     policies = build_policies(settings, classifier.threshold or _FALLBACK_THRESHOLD)
     from router.catalog import Signals
     from router.errors import RoutingError

@@ -1,4 +1,5 @@
-"""``tiergate train``: rebuild the shipped complexity classifier from the data in the repo."""
+"""``tiergate train``: rebuild the shipped complexity classifier from the data in the repo
+(``--export-only``: rewrite the serving export of an existing model file, without training)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,22 @@ def train(
     / "models"
     / "complexity.skops",
     seed: Annotated[int, typer.Option(help="random seed (same data + seed → same metrics)")] = 0,
+    export_only: Annotated[
+        bool,
+        typer.Option(
+            "--export-only",
+            help="do not train: rewrite the serving export of the existing --out model file",
+        ),
+    ] = False,
 ) -> None:
-    """Train the classifier; print its validation metrics; write the model and its card."""
+    """Train the classifier; print its validation metrics; write the model, its card and its
+    serving export."""
+    console = Console()
+    if export_only:
+        _export(console, out)
+        return
     from router.training import train as run_training
 
-    console = Console()
     with Progress(
         TextColumn("{task.description:<10}"),
         BarColumn(),
@@ -45,7 +57,8 @@ def train(
         result = run_training(data_dir, out, seed=seed, progress=report)
     ev = result.evaluation
     console.print(
-        f"wrote {result.model_path} ({result.model_bytes / 1e6:.2f} MB) and {result.card_path}"
+        f"wrote {result.model_path} ({result.model_bytes / 1e6:.2f} MB), {result.card_path} "
+        f"and {result.export_path}"
     )
     console.print(
         f"validation: MMLU-Pro AUC {ev.mmlu_auc:.3f} (8B wrong, 70B right), "
@@ -60,6 +73,22 @@ def train(
             f"difference {ours['apgr_minus_prompt_length']:+.3f} "
             f"{_interval(ours.get('apgr_minus_prompt_length_ci95'))} (bootstrap 95%)"
         )
+
+
+def _export(console: Console, model: Path) -> None:
+    from router.model_file import ModelFileError
+    from router.training.export import export_model_file
+
+    try:
+        path = export_model_file(model)
+    except ModelFileError as exc:
+        typer.echo(f"tiergate: {exc}", err=True)
+        raise typer.Exit(2) from None
+    console.print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB) from {model}",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _interval(value: object) -> str:

@@ -2,6 +2,7 @@
 
 from router.training.data import DATA_FILES, Row, load_rows
 from router.training.evaluate import EvalReport, evaluate, evaluate_rows
+from router.training.export import export_model_file
 from router.training.labels import BothWrong, LabelScheme
 from router.training.pipeline import PipelineConfig, build_pipeline
 from router.training.train import STAGES, Progress, TrainConfig, TrainReport, train
@@ -20,6 +21,7 @@ __all__ = [
     "build_pipeline",
     "evaluate",
     "evaluate_rows",
+    "export_model_file",
     "load_rows",
     "train",
 ]

@@ -19,7 +19,7 @@ from sklearn.feature_extraction.text import HashingVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import FeatureUnion, Pipeline
 
-from router.classifier import META_PREFIX
+from router.classifier import META_PREFIX, META_TOKEN_PATTERN
 
 __all__ = ["PipelineConfig", "build_pipeline"]
 
@@ -52,7 +52,7 @@ def build_pipeline(config: PipelineConfig) -> Any:
         alternate_sign=False,
         binary=True,
         norm=None,
-        token_pattern=rf"\b{META_PREFIX}\w+\b",
+        token_pattern=META_TOKEN_PATTERN,
     )
     features = FeatureUnion([("words", words), ("meta", meta)])
     model = LogisticRegression(C=config.c, max_iter=config.max_iter)

@@ -1,4 +1,5 @@
-"""Training the complexity classifier: data → labels → pipeline → metrics → model file + card.
+"""Training the complexity classifier: data → labels → pipeline → metrics → model file + card
++ serving export.
 
 Reproducible: the split is a keyed hash of each row's group, the solver is deterministic, and
 nothing depends on row order or the clock, so the same data and seed give the same model and
@@ -25,6 +26,7 @@ from router.features import PromptFeatures
 from router.model_file import card_path, save_classifier
 from router.training.data import DATA_FILES, Row, load_rows
 from router.training.evaluate import EvalReport, evaluate_rows, split_rows
+from router.training.export import export_model_file
 from router.training.labels import LabelScheme, Target, targets
 from router.training.pipeline import PipelineConfig, build_pipeline
 
@@ -64,6 +66,8 @@ class TrainConfig:
 class TrainReport:
     model_path: Path
     card_path: Path
+    export_path: Path
+    """The serving export written beside the model (``router.serving_export``)."""
     seed: int
     n_train_rows: int
     n_train_examples: int
@@ -160,9 +164,11 @@ def train(
     *,
     config: TrainConfig | None = None,
 ) -> TrainReport:
-    """Train on ``data_dir``, write the model to ``out`` (``.skops``) and its card beside it.
+    """Train on ``data_dir``, write the model to ``out`` (``.skops``), its card and its
+    serving export beside it.
 
-    The card (``out`` with suffix ``.json``) holds the threshold, metrics and versions.
+    The card (``out`` with suffix ``.json``) holds the threshold, metrics and versions; the
+    serving export (``.serving.json``) is what ``tiergate serve`` scores with.
     """
     config = config or TrainConfig()
     started = time.perf_counter()
@@ -199,9 +205,11 @@ def train(
     )
     step("save")
     save_classifier(classifier, out)
+    export = export_model_file(out)
     report = TrainReport(
         model_path=out,
         card_path=card_path(out),
+        export_path=export,
         seed=seed,
         n_train_rows=len(labelled),
         n_train_examples=len(_examples(labelled)[0]),

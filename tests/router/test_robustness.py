@@ -7,14 +7,19 @@ import random
 
 import pytest
 
-from router.classifier import SklearnClassifier
+from router.classifier import HashedLinearClassifier, SklearnClassifier
 from router.features import PromptFeatures
+from router.loader import load_serving_classifier
 from router.model_file import load_classifier
 
 
-@pytest.fixture(scope="module")
-def shipped() -> SklearnClassifier:
-    return load_classifier()
+@pytest.fixture(scope="module", params=["serving export", "skops"])
+def shipped(request: pytest.FixtureRequest) -> HashedLinearClassifier | SklearnClassifier:
+    if request.param == "skops":
+        return load_classifier()
+    classifier = load_serving_classifier()
+    assert isinstance(classifier, HashedLinearClassifier)
+    return classifier
 
 
 def _junk(n: int) -> str:
@@ -53,7 +58,9 @@ PROMPTS = {
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
-def test_a_score_in_the_unit_interval_comes_back(shipped: SklearnClassifier, name: str) -> None:
+def test_a_score_in_the_unit_interval_comes_back(
+    shipped: HashedLinearClassifier | SklearnClassifier, name: str
+) -> None:
     score = shipped.score(PROMPTS[name])
     assert isinstance(score, float)
     assert math.isfinite(score)

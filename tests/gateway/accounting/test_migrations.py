@@ -10,7 +10,12 @@ from sqlalchemy import Connection, inspect, text
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from gateway.accounting import SqlLedger
-from gateway.accounting.migrate import VERSION_TABLE, current_revision, head_revision
+from gateway.accounting.migrate import (
+    HEAD_REVISION,
+    VERSION_TABLE,
+    current_revision,
+    head_revision,
+)
 from gateway.accounting.schema import ledger_entries, metadata
 from tests.gateway.accounting.factories import make_entry
 
@@ -22,6 +27,27 @@ def _diff(connection: Connection) -> list[Any]:
 
 def _only_comment(item: Any) -> bool:
     return isinstance(item, list) and all(change[0] == "modify_comment" for change in item)
+
+
+def test_head_revision_constant_is_alembics_head() -> None:
+    # Bump HEAD_REVISION with every new migration: the connect-time check reads it.
+    assert head_revision() == HEAD_REVISION
+
+
+async def test_a_database_behind_head_is_upgraded(db_url: str) -> None:
+    ledger = await SqlLedger.connect(db_url)
+    try:
+        async with ledger.engine.begin() as conn:
+            await conn.execute(text("DROP TABLE IF EXISTS gpu_trueup"))
+            await conn.execute(text("DROP TABLE IF EXISTS ledger_daily"))
+            await conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = '0001'"))
+        await ledger.migrate()
+        async with ledger.engine.connect() as conn:
+            assert await current_revision(conn) == HEAD_REVISION
+            tables = set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
+            assert {"ledger_daily", "gpu_trueup"} <= tables
+    finally:
+        await ledger.aclose()
 
 
 async def test_fresh_database_is_at_head_and_matches_the_metadata(ledger: SqlLedger) -> None:
