@@ -10,9 +10,11 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, ServiceUnavailable
 from gateway.observability.tracing import note_error
 
 __all__ = ["error_response", "install_error_handlers", "raw_error_response"]
@@ -70,6 +72,24 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(request, error)
 
 
+def _database_down(exc: Exception) -> bool:
+    """The database cannot be reached or dropped the connection (as opposed to a bad query)."""
+    if isinstance(exc, DBAPIError):
+        return isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated
+    # SQLAlchemy passes a driver's failure to connect (refused, reset, timed out) through as is
+    return isinstance(exc, DisconnectionError | PoolTimeoutError | ConnectionError | TimeoutError)
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    """A handler that reads or writes SQL (reports, rules, tenants and keys) while the database
+    is down answers 503, as the README's error table says, not a 500."""
+    if not _database_down(exc):
+        return await _unexpected(request, exc)
+    name = type(exc).__name__
+    log.warning("%s: database unavailable (%s)", request.url.path, name)
+    return error_response(request, ServiceUnavailable(f"the database is unavailable ({name})"))
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s", request.url.path, exc_info=exc)
     return error_response(request, GatewayError("internal error"))
@@ -79,4 +99,12 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    for unavailable in (
+        DBAPIError,
+        DisconnectionError,
+        PoolTimeoutError,
+        ConnectionError,
+        TimeoutError,
+    ):
+        app.add_exception_handler(unavailable, _database_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -1,5 +1,5 @@
-"""The commands operators run: `tiergate up` (embedded Redis, simulators), `serve`'s key check,
-`report` and `ledger show`."""
+"""The commands operators run: `tiergate up` (embedded Redis, simulators; the official openai
+client streams through it), `serve`'s key check, `report` and `ledger show`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import socket
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
+import openai
 import yaml
 
 from tests.support import TEST_KEYS, Proc, free_port, wait_ready
@@ -86,6 +89,7 @@ def test_up_serves_then_stops_everything_on_sigterm(tmp_path: Path) -> None:
         )
         assert response.status_code == 200, response.text
         request_id = response.headers["x-request-id"]
+        streamed = _openai_stream(f"http://127.0.0.1:{ports['public']}/v1")
         metrics = httpx.get(f"http://127.0.0.1:{ports['admin']}/metrics", timeout=5)
         assert "tiergate_requests_total" in metrics.text
     finally:
@@ -105,13 +109,22 @@ def test_up_serves_then_stops_everything_on_sigterm(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     row = json.loads(shown.stdout)
     assert row["request_id"] == request_id and row["tenant"] == "acme" and row["outcome"] == "ok"
+    # the streamed request's row: real token counts, the cost its final chunk carried
+    shown = _tiergate(
+        "ledger", "show", "--config", str(config), "--request-id", streamed["id"], env=env
+    )
+    assert shown.returncode == 0, shown.stderr
+    srow = json.loads(shown.stdout)
+    assert srow["stream"] is True and srow["outcome"] == "ok"
+    assert (srow["prompt_tokens"], srow["completion_tokens"]) == streamed["tokens"]
+    assert Decimal(srow["cost_micro_usd"]).scaleb(-6) == streamed["cost"] > 0
     report = _tiergate(
         "report", "--config", str(config), "--tenant", "acme", "--format", "json", env=env
     )
     assert report.returncode == 0, report.stderr
     data = json.loads(report.stdout)
-    assert data["totals"]["requests"] == 1
-    assert data["totals"]["prompt_tokens"] == row["prompt_tokens"]
+    assert data["totals"]["requests"] == 2
+    assert data["totals"]["prompt_tokens"] == row["prompt_tokens"] + srow["prompt_tokens"]
     other = _tiergate(
         "report", "--config", str(config), "--tenant", "globex", "--format", "json", env=env
     )
@@ -124,6 +137,31 @@ def test_up_serves_then_stops_everything_on_sigterm(tmp_path: Path) -> None:
         "ledger", "show", "--config", str(config), "--request-id", "req_nope", env=env
     )
     assert missing.returncode == 1
+
+
+def _openai_stream(base_url: str) -> dict[str, Any]:
+    """One streamed request through the official client (development key), with usage."""
+    with openai.OpenAI(base_url=base_url, api_key="dev-acme", max_retries=0, timeout=30) as api:
+        raw = api.chat.completions.with_raw_response.create(
+            model="auto",
+            messages=[{"role": "user", "content": "Write a haiku about autumn."}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        assert raw.headers["x-tiergate-tier"] in {"small", "large"}
+        text, usage, extra = [], None, None
+        for chunk in raw.parse():
+            text += [c.delta.content or "" for c in chunk.choices]
+            if chunk.usage is not None:
+                usage, extra = chunk.usage, chunk.model_extra
+    assert "".join(text)
+    assert usage is not None and usage.completion_tokens > 0
+    assert extra is not None
+    return {
+        "id": raw.headers["x-request-id"],
+        "tokens": (usage.prompt_tokens, usage.completion_tokens),
+        "cost": Decimal(extra["x_tiergate"]["cost_usd"]),
+    }
 
 
 def test_serve_refuses_unset_keys_without_dev(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Reconciliation through the real gateway (slow): ~1,200 requests across the three example
+"""Reconciliation through the real gateway (slow): 2,400 requests across the three example
 tenants, streamed and not, a fifth of the large tier's calls failing (503) and falling back, with
 explicit per-token prices. The report's total equals Σ(tokens x price) computed independently
 from the simulators' usage logs and the config's prices, to the cent; each request is booked
@@ -44,7 +44,7 @@ PER_MTOK = {  # (input, output) USD per million tokens, as written into the conf
     "gpt-4o-mini": (Decimal("0.15"), Decimal("0.60")),
 }
 TENANTS = ("acme", "globex", "initech")
-REQUESTS = 1200
+REQUESTS = 2400
 CONCURRENCY = 24
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from decimal import Decimal
 
 import openai
@@ -142,3 +143,50 @@ async def test_usage_log_matches_ledger(stack: Stack) -> None:
     assert len(served) == 1
     assert served[0]["prompt_tokens"] == entry.prompt_tokens
     assert served[0]["completion_tokens"] == entry.completion_tokens
+
+
+async def test_process_log_and_metrics_hold_no_keys_or_prompts(stack: Stack) -> None:
+    """What the real `tiergate serve` wrote to its log and serves on /metrics after this
+    module's traffic (and a refused key): no key material, no prompt text (none opted in)."""
+    import asyncio
+
+    import httpx
+
+    from tests.support import TEST_KEYS
+
+    secret = f"private prompt {uuid.uuid4().hex}"
+    wrong_key = f"sk-wrong-{uuid.uuid4().hex}"
+    async with client(stack) as api:
+        raw = await api.chat.completions.with_raw_response.create(
+            model="small", messages=[{"role": "user", "content": secret}]
+        )
+        stream = await api.chat.completions.create(
+            model="small", messages=[{"role": "user", "content": secret}], stream=True
+        )
+        async for _chunk in stream:
+            pass
+    async with httpx.AsyncClient(timeout=10) as http:
+        refused = await http.post(
+            f"{stack.base_url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {wrong_key}"},
+            json={"model": "small", "messages": [{"role": "user", "content": secret}]},
+        )
+        assert refused.status_code == 401
+        metrics = (await http.get(f"{stack.admin_url}/metrics")).text
+    request_id = raw.headers["x-request-id"]
+    for _ in range(100):  # the access line is written in the background
+        if request_id in stack.gateway.output():
+            break
+        await asyncio.sleep(0.05)
+    log = stack.gateway.output()
+    assert request_id in log, "the capture is broken: no access line for the request"
+    prompts = [
+        secret,
+        "What is the capital of France?",
+        "Write a haiku about spring rain.",
+        "Explain photosynthesis in one line.",
+        "Count to five.",
+    ]
+    for leak in [*TEST_KEYS.values(), wrong_key, *prompts]:
+        assert leak not in log, f"in the gateway's log: {leak[:20]}…"
+        assert leak not in metrics, f"in the metrics: {leak[:20]}…"

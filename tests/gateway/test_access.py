@@ -15,6 +15,9 @@ from gateway.auth.access import AccessGuard, access
 from gateway.settings import load_settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "config.example.yaml"
+PLAIN_ALLOWED = {"/openapi.json"}
+"""Routes that cannot declare roles: only FastAPI's own schema, public by design (the fuzzer and
+clients read it; it holds no data)."""
 
 
 def _guards(dependant: Dependant) -> list[AccessGuard]:
@@ -33,6 +36,26 @@ def _routes(routes: Sequence[BaseRoute]) -> list[APIRoute]:
         elif (inner := getattr(route, "original_router", None)) is not None:
             found += _routes(inner.routes)
     return found
+
+
+def _plain(routes: Sequence[BaseRoute]) -> list[str]:
+    """Every route that is not an API route (a Starlette ``Route``, a ``Mount``, ...): it has no
+    dependencies, so it could never declare roles and ``_routes`` does not see it."""
+    found: list[str] = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            continue
+        if (inner := getattr(route, "original_router", None)) is not None:
+            found += _plain(inner.routes)
+        else:
+            found.append(getattr(route, "path", repr(route)))
+    return found
+
+
+def test_no_route_escapes_the_declarations() -> None:
+    public = create_app(load_settings(EXAMPLE))
+    admin = create_admin_app(services=None)  # type: ignore[arg-type]
+    assert set(_plain(public.routes) + _plain(admin.routes)) <= PLAIN_ALLOWED
 
 
 def test_every_route_declares_its_roles() -> None:

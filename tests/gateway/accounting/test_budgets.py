@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 import yaml
@@ -213,3 +214,82 @@ async def test_after_a_redis_loss_windows_are_rebuilt_from_the_sql_ledger(
         assert status["month"].reserved_micro_usd == 51_000
     finally:
         await ledger.aclose()
+
+
+async def test_fifty_chat_requests_racing_the_last_dollar_through_the_gateway(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """The same race through ``POST /v1/chat/completions``: real services and workers, a real
+    simulator over HTTP, the ledger in SQLite. Room for about three worst cases at a time: what
+    the admitted requests cost in the ledger stays within the limit, every other one is a 429
+    ``budget_exceeded``, and each of the fifty has its row."""
+    from aiohttp import web
+    from sqlalchemy import func, select
+
+    from backends.sim import PROFILES, create_sim_app
+    from gateway.accounting.schema import ledger_entries
+    from gateway.app import create_app
+    from gateway.services import open_services
+    from tests.support import free_port, gateway_config
+
+    small = "llama-3.1-8b-instruct"
+    runner = web.AppRunner(create_sim_app(PROFILES[small], time_scale=0.0))
+    await runner.setup()
+    sim_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", sim_port).start()
+    limit_micro = 200  # $0.0002; a worst case here is ~61 µ$ (1000 output tokens at $0.06/Mtok)
+    path = gateway_config(
+        workdir=tmp_path,
+        redis_url=redis_url,
+        prefix=key_prefix,
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
+        sim_ports={small: sim_port},
+        port=free_port(),
+        admin_port=free_port(),
+    )
+    data = yaml.safe_load(path.read_text())
+    data["tenants"]["acme"]["budgets"] = [{"name": "last-dollar", "limit_usd": "0.0002"}]
+    path.write_text(yaml.safe_dump(data))
+    body = {
+        "model": small,
+        "messages": [{"role": "user", "content": "Explain how budgets work, in detail."}],
+        "max_tokens": 1000,
+    }
+    try:
+        async with open_services(load_settings(path), dev=True, workers=True) as services:
+            app = create_app(services=services)
+            app.state.services = services
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://tiergate", timeout=60
+            ) as client:
+                replies = await asyncio.gather(
+                    *(
+                        client.post("/v1/chat/completions", json=body, headers=auth("acme"))
+                        for _ in range(50)
+                    )
+                )
+            ok = [r for r in replies if r.status_code == 200]
+            refused = [r for r in replies if r.status_code != 200]
+            assert ok, [r.text for r in replies[:3]]
+            assert refused, "the limit admitted every request: it did not bite"
+            for r in refused:
+                assert r.status_code == 429, r.text
+                assert r.json()["error"]["code"] == "budget_exceeded"
+            for _ in range(200):  # the sink books through the event stream
+                async with services.ledger.engine.connect() as conn:
+                    rows = (
+                        await conn.execute(select(func.count()).select_from(ledger_entries))
+                    ).scalar_one()
+                if rows >= 50:
+                    break
+                await asyncio.sleep(0.05)
+            assert rows == 50
+            booked = [await services.ledger.get(r.headers["x-request-id"]) for r in ok]
+            spent = sum(entry.cost_micro_usd or 0 for entry in booked if entry is not None)
+            assert all(entry is not None and entry.price_known for entry in booked)
+            assert 0 < spent <= limit_micro, (len(ok), spent)
+            (status,) = await services.budgets.status("acme")  # type: ignore[union-attr]
+            assert status.spent_micro_usd + status.reserved_micro_usd <= status.limit_micro_usd
+    finally:
+        await runner.cleanup()

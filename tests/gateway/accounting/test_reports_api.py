@@ -54,11 +54,12 @@ async def test_tenant_sees_only_itself(api: tuple[Services, httpx.AsyncClient]) 
         "tenant=globex&format=csv",
     ],
 )
+@pytest.mark.parametrize("report", ["costs", "what-if", "budgets"])
 async def test_tenant_cannot_read_another_by_any_parameter(
-    api: tuple[Services, httpx.AsyncClient], query: str
+    api: tuple[Services, httpx.AsyncClient], report: str, query: str
 ) -> None:
     _, client = api
-    r = await client.get(f"/v1/reports/costs?{query}", headers=auth("acme"))
+    r = await client.get(f"/v1/reports/{report}?{query}", headers=auth("acme"))
     assert "globex" not in r.text
     assert "initech" not in r.text
     if r.status_code == 200:
