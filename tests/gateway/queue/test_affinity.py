@@ -12,7 +12,7 @@ from gateway.queue.affinity import home_first, home_of
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.keys import RedisKeys
-from gateway.queue.pool import Replica
+from gateway.queue.pool import BackendPool, Replica
 from gateway.queue.replies import ReplyRouter
 from tests.gateway.queue.conftest import MODEL, Collect, Edge, job, start_node
 
@@ -39,6 +39,21 @@ def test_homes_are_stable_spread_and_move_only_when_their_replica_goes() -> None
     assert home_first(ranked, three, key) == [three[0], three[1], three[2]]
     assert home_first(ranked[:2], three, key) == ranked[:2]  # home not usable: no change
     assert home_first(ranked, three, None) == ranked
+
+
+async def test_with_affinity_off_conversation_keys_change_nothing() -> None:
+    three = _replicas(3)
+    for i, replica in enumerate(three):
+        replica.slot_key = f"slots-{i}"
+    key = next(k for k in (f"conv-{i}" for i in range(100)) if home_of(k, three) is three[2])
+    for affinity, first in ((True, three[2]), (False, three[0])):
+        pool = BackendPool({MODEL: three}, affinity=affinity)  # least loaded: in config order
+        assert pool.ranked(MODEL, affinity=key)[0] is first
+        reservation = await pool.reserve([MODEL])
+        assert reservation is not None and reservation.replica is three[0]
+        async with pool.holding(reservation), pool.lease(MODEL, affinity=key) as backend:
+            assert backend is first.backend  # moved home, or kept where it was reserved
+        assert all(r.inflight == 0 for r in three)
 
 
 def _served_by(sims, request_ids: list[str]) -> set[int]:  # type: ignore[no-untyped-def]
