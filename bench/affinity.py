@@ -2,7 +2,7 @@
 against simulator replicas of one deployment, with `queue.affinity` off and then on. See
 docs/bench.md ("The affinity bench").
 
-    .venv/bin/python -m bench.affinity                     # ~1 min; bench/results/affinity.json
+    .venv/bin/python -m bench.affinity                     # ~40 s; bench/results/affinity.json
     .venv/bin/python -m bench.affinity --conversations 8 --turns 3 --out /tmp/affinity.json
 
 Each conversation is a task sending its turns one after the other as streams, with the header
@@ -37,6 +37,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -252,8 +253,6 @@ class Stack:
         for proc in (self.gateway, *self.sims):
             if proc is not None:
                 proc.stop()
-        import redis
-
         client = redis.Redis.from_url(self.args.redis_url)
         keys = list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
         for start in range(0, len(keys), 500):
