@@ -309,6 +309,7 @@ async def open_services(
                 ),
                 owner=f"w-{edge_id}",
                 chooser=load.rank,
+                affinity=settings.queue.affinity,
             )
             pool.start()
             stack.push_async_callback(pool.aclose)

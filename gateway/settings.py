@@ -181,6 +181,9 @@ class QueueSettings(_Strict):
     direct_start: bool = True
     """A job that would be taken at once, with a free slot, starts in the edge's own worker
     without waiting in a stream (docs/queue.md, "Direct start")."""
+    affinity: bool = True
+    """A conversation's turns go to its home replica while it has room, for vLLM's prefix cache
+    (docs/queue.md, "Conversation affinity"); off: replicas by load alone."""
 
 
 class LimitsSettings(_Strict):

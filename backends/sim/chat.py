@@ -5,6 +5,11 @@ with an injected error if a fault says so; validate (400), check the model (404)
 window (400); then take an engine slot (FIFO; 503 when the waiting queue is capped and full) and
 answer at the profile's pace. Every outcome, errors included, is one usage-log line.
 
+Prefix cache: the slot comes with KV blocks, and the prompt tokens already cached
+(``backends.sim.prefix_cache``) need no prefill, so the time to first token counts only the
+rest. The tokens the answer computed are cached when it ends (all of them after a natural end;
+without the last one sampled after a cut).
+
 Pacing: the first token is due ``ttft x time_scale`` after the slot is granted, each next one
 ``itl x time_scale`` later (or the fixed wall-clock ``--ttft-ms`` / ``--itl-ms``, when given). A
 stream sleeps only when the next token is more than 2 ms away, and writes every token that is due
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +41,7 @@ from backends.sim.errors import (
 from backends.sim.faults import Faults, fault_error
 from backends.sim.request import SimChatRequest, parse_chat_request
 from backends.sim.state import SIM_STATE, SimState
-from backends.sim.tokens import prompt_tokens
+from backends.sim.tokens import chat_tokens, tokenize
 from backends.sim.usage_log import UsageRecord
 from backends.sim.wire import DONE, ChunkEncoder, completion_body
 
@@ -50,13 +56,26 @@ class _Job:
     arrived: float
     stream: bool
     include_usage: bool
-    prompt_tokens: int
+    prompt: list[str]
+    """The prompt's tokens (``backends.sim.tokens.chat_tokens``)."""
     answer: Answer
     faults: Faults
 
     @property
     def completion_id(self) -> str:
         return f"chatcmpl-{self.request_id}"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt)
+
+
+def _computed(pieces: Sequence[str], natural_end: bool) -> list[str]:
+    """The answer's tokens whose KV was computed: all of them after a natural end (the last
+    token sampled was the end of turn, which the text does not show), else all but the last one
+    sampled (never fed back through the model)."""
+    tokens = tokenize("".join(pieces))
+    return tokens if natural_end else tokens[:-1]
 
 
 def _natural_pieces(state: SimState, req: SimChatRequest) -> tuple[str, ...]:
@@ -75,7 +94,8 @@ def _plan(state: SimState, body: Any, request_id: str, arrived: float, faults: F
     req = parse_chat_request(body, supports_continuation=p.supports_continuation)
     if req.model is not None and req.model != p.name:
         raise model_not_found(p.flavor, req.model)
-    prompt = prompt_tokens(req.messages, continue_final=req.continue_final)
+    tokens = chat_tokens(req.messages, continue_final=req.continue_final)
+    prompt = len(tokens)
     room = p.max_model_len - prompt
     if (req.max_tokens is None and room < 1) or (req.max_tokens or 0) > room:
         raise context_length_exceeded(
@@ -86,7 +106,7 @@ def _plan(state: SimState, body: Any, request_id: str, arrived: float, faults: F
         answer = Answer((), "content_filter")
     else:
         answer = finish(_natural_pieces(state, req), stop=req.stop, limit=limit)
-    return _Job(request_id, arrived, req.stream, req.include_usage, prompt, answer, faults)
+    return _Job(request_id, arrived, req.stream, req.include_usage, tokens, answer, faults)
 
 
 def _log(state: SimState, job_or_id: _Job | str, stream: bool, status: int, **fields: Any) -> None:
@@ -158,15 +178,17 @@ async def _complete(request: web.Request, state: SimState, job: _Job) -> web.Str
     cut = job.faults.cut_after_tokens
     cutting = cut is not None and cut < len(pieces)
     generated = cut if cut is not None and cutting else len(pieces)
+    natural_end = not cutting and job.answer.finish_reason == "stop"
     try:
-        async with engine.slot(job.prompt_tokens + len(pieces)):
+        async with engine.slot(job.prompt, len(pieces)) as kv:
             admitted = loop.time()
             metrics.prompt_tokens += job.prompt_tokens
-            ttft = state.ttft_s(job.prompt_tokens) + job.faults.slow_first_token_ms / 1e3
+            ttft = state.ttft_s(kv.prefill_tokens) + job.faults.slow_first_token_ms / 1e3
             itl = state.itl_s()
             delay = ttft + itl * max(0, generated - 1)
             if delay > 0:
                 await asyncio.sleep(delay)
+            kv.generated = _computed(pieces[:generated], natural_end)
     except QueueFull:
         return _queue_full(state, job)
     metrics.generation_tokens += generated
@@ -183,7 +205,11 @@ async def _complete(request: web.Request, state: SimState, job: _Job) -> web.Str
         prompt_tokens=job.prompt_tokens,
         completion_tokens=len(pieces),
     )
-    usage = {"prompt_tokens": job.prompt_tokens, "completion_tokens": generated}
+    usage = {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": generated,
+        "cached_tokens": kv.cached_tokens,
+    }
     headers = {"x-request-id": job.request_id}
     if cutting:
         metrics.success["abort"] += 1
@@ -239,15 +265,18 @@ class _Emitter:
         self._pending = 0
 
 
-async def _emit(emitter: _Emitter, state: SimState, job: _Job, count: int) -> None:
-    """Pace and write the role chunk and the first ``count`` content pieces."""
+async def _emit(
+    emitter: _Emitter, state: SimState, job: _Job, count: int, prefill_tokens: int
+) -> None:
+    """Pace and write the role chunk and the first ``count`` content pieces; the first is due
+    after the prefill of ``prefill_tokens``."""
     loop = asyncio.get_running_loop()
     enc = ChunkEncoder(
         completion_id=job.completion_id, model=state.profile.name, flavor=state.profile.flavor
     )
     pieces, reason = job.answer.pieces, job.answer.finish_reason
     last = len(pieces) - 1 if count == len(pieces) else -1  # the piece that carries the reason
-    due = loop.time() + state.ttft_s(job.prompt_tokens)
+    due = loop.time() + state.ttft_s(prefill_tokens)
     due += job.faults.slow_first_token_ms / 1e3
     stall_at = job.faults.stall_after_tokens
     for i in range(count):
@@ -316,15 +345,25 @@ async def _stream(request: web.Request, state: SimState, job: _Job) -> web.Strea
     )
     emitter = _Emitter(response, state, job)
     finish_reason = job.answer.finish_reason
+    cached = 0
     try:
         await response.prepare(request)
-        async with engine.slot(job.prompt_tokens + len(pieces), bounded=False):
+        async with engine.slot(job.prompt, len(pieces), bounded=False) as kv:
+            cached = kv.cached_tokens
             metrics.prompt_tokens += job.prompt_tokens
-            await _emit(emitter, state, job, count)
+            try:
+                await _emit(emitter, state, job, count, kv.prefill_tokens)
+            finally:
+                natural_end = emitter.sent == len(pieces) and finish_reason == "stop"
+                kv.generated = _computed(pieces[: emitter.sent], natural_end)
     except ConnectionResetError:
         finish_reason = "abort"  # the client went away
     metrics.e2e.observe(asyncio.get_running_loop().time() - job.arrived)
-    usage = {"prompt_tokens": job.prompt_tokens, "completion_tokens": emitter.sent}
+    usage = {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": emitter.sent,
+        "cached_tokens": cached,
+    }
     if early is not None and finish_reason != "abort":
         metrics.success["abort"] += 1
         _log(state, job, True, 200, **usage, finish_reason="abort", fault=early)

@@ -7,24 +7,27 @@ At most ``max_num_seqs`` requests hold a slot (``running``); the rest wait in ar
 
 Latency (profile values, in seconds of simulated time; multiply by ``time_scale`` for wall time):
 
-* time to first token = ``(ttft_base_s + prompt_tokens x ttft_per_prompt_token_s) x slowdown``
+* time to first token = ``(ttft_base_s + prefill_tokens x ttft_per_prompt_token_s) x slowdown``,
+  where ``prefill_tokens`` are the prompt tokens not found in the prefix cache
 * inter-token latency = ``itl_s x slowdown``
 
 where ``slowdown = 1 + (load_slowdown - 1) x (running - 1) / (max_num_seqs - 1)``, read when the
 latency is asked for (llm-d-inference-sim's time-factor-under-load). Waiting time is real: it is
 whatever the requests ahead take.
 
-KV usage is the sum of (prompt + completion) tokens of the running requests, reserved when a
-request gets its slot, over the profile's ``kv_cache_tokens``.
+KV: a request gets blocks for its prompt and completion when it gets its slot, from the engine's
+``PrefixCache`` (``kv_cache_tokens / block_size`` blocks), which finds its cached prefix; KV usage
+is the blocks running requests hold over all blocks (``backends.sim.prefix_cache``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
+from backends.sim.prefix_cache import Allocation, PrefixCache
 from backends.sim.profiles import SimProfile
 
 __all__ = ["QueueFull", "SimEngine"]
@@ -38,7 +41,11 @@ class SimEngine:
     def __init__(self, profile: SimProfile) -> None:
         self._profile = profile
         self._running = 0
-        self._kv_tokens = 0
+        self.cache = PrefixCache(
+            profile.kv_cache_tokens // profile.block_size,
+            profile.block_size,
+            enabled=profile.enable_prefix_caching,
+        )
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -51,8 +58,8 @@ class SimEngine:
 
     @property
     def kv_usage(self) -> float:
-        """Fraction of the KV budget held by running requests (0-1)."""
-        return min(1.0, self._kv_tokens / self._profile.kv_cache_tokens)
+        """Fraction of the KV blocks held by running requests (0-1)."""
+        return self.cache.usage
 
     def slowdown(self) -> float:
         p = self._profile
@@ -61,9 +68,11 @@ class SimEngine:
         busy = max(0, self._running - 1) / (p.max_num_seqs - 1)
         return 1.0 + (p.load_slowdown - 1.0) * busy
 
-    def ttft_s(self, prompt_tokens: int) -> float:
+    def ttft_s(self, prefill_tokens: int) -> float:
+        """Time to first token of a request whose prefill computes ``prefill_tokens`` (its
+        prompt less what the prefix cache held)."""
         p = self._profile
-        return (p.ttft_base_s + prompt_tokens * p.ttft_per_prompt_token_s) * self.slowdown()
+        return (p.ttft_base_s + prefill_tokens * p.ttft_per_prompt_token_s) * self.slowdown()
 
     def itl_s(self) -> float:
         return self._profile.itl_s * self.slowdown()
@@ -76,18 +85,22 @@ class SimEngine:
             raise QueueFull
 
     @asynccontextmanager
-    async def slot(self, kv_tokens: int, *, bounded: bool = True) -> AsyncIterator[None]:
-        """Hold one running slot (waiting FIFO for it) with ``kv_tokens`` reserved.
+    async def slot(
+        self, prompt: Sequence[str], completion_tokens: int, *, bounded: bool = True
+    ) -> AsyncIterator[Allocation]:
+        """Hold one running slot (waiting FIFO for it) with KV blocks for ``prompt`` (its tokens)
+        and ``completion_tokens``; yields the allocation (its ``cached_tokens``; set its
+        ``generated`` tokens to have them cached at the end).
 
         ``bounded=False`` skips the queue cap, for a caller that ran ``check_admission`` on
         arrival (a stream, which sends its headers before it waits, as vLLM does).
         """
         await self._acquire(bounded)
-        self._kv_tokens += kv_tokens
+        alloc = self.cache.allocate(prompt, len(prompt) + completion_tokens)
         try:
-            yield
+            yield alloc
         finally:
-            self._kv_tokens -= kv_tokens
+            self.cache.free(alloc)
             self._hand_over()
 
     async def _acquire(self, bounded: bool) -> None:

@@ -5,7 +5,11 @@ Exposed (labels ``model_name`` and ``engine="0"``, as vLLM's v1 logger does):
 * gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
   (read from the engine at scrape time);
 * counters ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
-  ``vllm:request_success_total{finished_reason=stop|length|abort}``;
+  ``vllm:request_success_total{finished_reason=stop|length|abort}``, and the prefix cache's
+  ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (in tokens: the hit rate
+  is hits over queries; both stay 0 with caching off);
+* ``vllm:cache_config_info`` (value 1; labels ``block_size``, ``num_gpu_blocks``,
+  ``enable_prefix_caching`` and ``engine``, as vLLM's info gauge, without ``model_name``);
 * histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` and
   ``vllm:e2e_request_latency_seconds`` with the bucket bounds of ``vllm/v1/metrics/loggers.py``.
 
@@ -101,6 +105,20 @@ class _Collector(Collector):
         family.add_metric(self._values, buckets=hist.cumulative(), sum_value=hist.total)
         return family
 
+    def _cache_config(self) -> GaugeMetricFamily:
+        cache = self._engine.cache
+        labels = {
+            "block_size": str(cache.block_size),
+            "num_gpu_blocks": str(cache.num_blocks),
+            "enable_prefix_caching": str(cache.enabled),
+            "engine": "0",
+        }
+        family = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine.", labels=list(labels)
+        )
+        family.add_metric(list(labels.values()), 1.0)
+        return family
+
     def collect(self) -> Iterator[Metric]:
         e, m = self._engine, self._metrics
         for name, doc, value in (
@@ -113,12 +131,23 @@ class _Collector(Collector):
             ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv_usage),
         ):
             yield self._gauge(name, doc, value)
+        yield self._cache_config()
         for name, doc, value in (
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens),
             (
                 "vllm:generation_tokens",
                 "Number of generation tokens processed.",
                 m.generation_tokens,
+            ),
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                e.cache.queries,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                e.cache.hits,
             ),
         ):
             yield self._counter(name, doc, value)

@@ -57,7 +57,9 @@ class SimProfile:
     itl_s: float
     """Inter-token latency of one request decoding alone."""
     kv_cache_tokens: int
-    """KV-cache capacity in tokens; ``vllm:kv_cache_usage_perc`` is tokens in flight over this."""
+    """KV-cache capacity in tokens: ``kv_cache_tokens // block_size`` blocks (vLLM's
+    ``num_gpu_blocks``); ``vllm:kv_cache_usage_perc`` is the blocks running requests hold over
+    that."""
     load_slowdown: float = 1.0
     """Latency multiplier when all ``max_num_seqs`` slots are busy (1.0 = no slowdown)."""
     max_num_queued: int | None = None
@@ -65,10 +67,16 @@ class SimProfile:
     min_output_tokens: int = 20
     max_output_tokens: int = 300
     """Range of the natural answer length, before ``max_tokens`` caps it."""
+    block_size: int = 16
+    """Tokens per KV block (vLLM's ``--block-size``, 16 by default on GPUs)."""
+    enable_prefix_caching: bool = True
+    """Automatic prefix caching, on by default as in vLLM V1 (``backends.sim.prefix_cache``)."""
 
     def __post_init__(self) -> None:
-        if self.max_model_len < 1 or self.max_num_seqs < 1 or self.kv_cache_tokens < 1:
+        if self.max_model_len < 1 or self.max_num_seqs < 1 or self.block_size < 1:
             raise ValueError(f"profile {self.name!r}: sizes must be positive")
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError(f"profile {self.name!r}: the KV cache must hold at least one block")
         if self.load_slowdown < 1.0:
             raise ValueError(f"profile {self.name!r}: load_slowdown must be >= 1")
         if not 1 <= self.min_output_tokens <= self.max_output_tokens:

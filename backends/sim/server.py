@@ -181,9 +181,11 @@ def run_sim(
     ttft_ms: float | None = None,
     itl_ms: float | None = None,
     max_num_seqs: int | None = None,
+    enable_prefix_caching: bool | None = None,
 ) -> None:
     """Serve ``profile_name`` until SIGINT/SIGTERM (blocking). No access log, for speed.
-    ``max_num_seqs`` overrides the profile's batch size; see ``create_sim_app`` for the rest."""
+    ``max_num_seqs`` and ``enable_prefix_caching`` override the profile's (None: keep them); see
+    ``create_sim_app`` for the rest."""
     try:
         profile = PROFILES[profile_name]
     except KeyError:
@@ -192,11 +194,18 @@ def run_sim(
         ) from None
     if max_num_seqs is not None:
         profile = dataclasses.replace(profile, max_num_seqs=max_num_seqs)
+    if enable_prefix_caching is not None:
+        profile = dataclasses.replace(profile, enable_prefix_caching=enable_prefix_caching)
     app = create_sim_app(
         profile, time_scale=time_scale, usage_log=usage_log, ttft_ms=ttft_ms, itl_ms=itl_ms
     )
     logger.info(
-        "simulating %s on http://%s:%d (time_scale=%g)", profile.name, host, port, time_scale
+        "simulating %s on http://%s:%d (time_scale=%g, prefix caching %s)",
+        profile.name,
+        host,
+        port,
+        time_scale,
+        "on" if profile.enable_prefix_caching else "off",
     )
     web.run_app(
         app,

@@ -6,7 +6,8 @@ and ``completion_tokens`` (as reported to the client, or as far as a cut stream 
 request was refused before counting), ``finish_reason`` (``stop``/``length``; ``abort`` when the
 client left or a fault cut the answer; null for errors) and ``fault`` (the injected fault that
 answered with an error or cut the answer, or null). For a cut answer ``completion_tokens`` is
-what the engine generated before the cut (sent, for a stream).
+what the engine generated before the cut (sent, for a stream). ``cached_tokens``: the prompt
+tokens found in the prefix cache (no prefill for them; 0 with caching off or before a slot).
 
 The file is opened once, in append mode, and each line is flushed as it is written: a small
 buffered write per request, cheap enough for the event loop, and complete lines for a test that
@@ -33,6 +34,7 @@ class UsageRecord:
     status: int
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     finish_reason: str | None = None
     fault: str | None = None
 
@@ -60,6 +62,7 @@ class UsageLog:
             "status": record.status,
             "prompt_tokens": record.prompt_tokens,
             "completion_tokens": record.completion_tokens,
+            "cached_tokens": record.cached_tokens,
             "finish_reason": record.finish_reason,
             "fault": record.fault,
         }

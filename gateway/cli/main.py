@@ -119,9 +119,18 @@ def sim(
     max_num_seqs: Annotated[
         int | None, typer.Option(help="batch size (default: the profile's)", min=1)
     ] = None,
+    enable_prefix_caching: Annotated[
+        bool | None,
+        typer.Option(
+            "--enable-prefix-caching/--no-enable-prefix-caching",
+            help="automatic prefix caching, as vLLM's flag (default: the profile's, on)",
+        ),
+    ] = None,
 ) -> None:
     """Run a vLLM-compatible simulator. --ttft-ms / --itl-ms replace the latency model with fixed
-    wall-clock latencies (not scaled by --time-scale, no load slowdown)."""
+    wall-clock latencies (not scaled by --time-scale, no load slowdown). Prompt tokens found in
+    the prefix cache need no prefill (vLLM's automatic prefix caching; off with
+    --no-enable-prefix-caching)."""
     from backends.sim import PROFILES, run_sim
 
     if profile not in PROFILES:
@@ -137,6 +146,7 @@ def sim(
         ttft_ms=ttft_ms,
         itl_ms=itl_ms,
         max_num_seqs=max_num_seqs,
+        enable_prefix_caching=enable_prefix_caching,
     )
 
 

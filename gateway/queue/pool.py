@@ -7,7 +7,8 @@ yields the backend, and gives it back after. A worker reserves a slot *before* i
 without waiting. Held leases are renewed in the background; a dead process's leases expire.
 
 Among a deployment's replicas the choice is the least loaded by this process's count (a
-``chooser`` may rank them by live load instead).
+``chooser`` may rank them by live load instead); with ``affinity`` (the default) a conversation's
+home replica goes first (``gateway.queue.affinity``).
 """
 
 from __future__ import annotations
@@ -76,12 +77,15 @@ class BackendPool:
         owner: str = "local",
         chooser: Chooser | None = None,
         max_wait_s: float = 30.0,
+        affinity: bool = True,
     ) -> None:
+        """``affinity``: honour conversation keys (``queue.affinity``); off, they are ignored."""
         self._replicas = {name: list(group) for name, group in replicas.items()}
         self._leases = leases
         self._owner = owner
         self._chooser = chooser or _least_loaded
         self._max_wait_s = max_wait_s
+        self._affinity = affinity
         self._ids = itertools.count()
         self._held: dict[str, tuple[str, str]] = {}
         """lease id -> (slot key, lease id), renewed in the background."""
@@ -120,7 +124,8 @@ class BackendPool:
         with ``affinity``, a conversation key, its home replica first; see
         ``gateway.queue.affinity``)."""
         every = self._replicas.get(deployment, [])
-        group = home_first(self._chooser(deployment, every), every, affinity)
+        key = affinity if self._affinity else None
+        group = home_first(self._chooser(deployment, every), every, key)
         return [r for r in group if r.slot_key]
 
     def new_lease_id(self) -> str:
@@ -175,7 +180,7 @@ class BackendPool:
         ``BackendUnavailable``. ``affinity``: a conversation key; a slot reserved elsewhere is
         traded for one on the conversation's home replica when that one has room."""
         reservation = self._take_bound(deployment)
-        if reservation is not None and affinity is not None:
+        if reservation is not None and affinity is not None and self._affinity:
             reservation = await self._at_home(deployment, reservation, affinity)
         if reservation is None:
             reservation = await self._wait_for_slot(deployment, deadline)

@@ -22,14 +22,14 @@ async def test_engine_is_fifo_and_survives_cancelled_waiters() -> None:
     gate = asyncio.Event()
 
     async def job(i: int) -> None:
-        async with engine.slot(10):
+        async with engine.slot(["t"] * 6, 4):  # 10 tokens: one block
             order.append(i)
             await gate.wait()
 
     tasks = [asyncio.create_task(job(i)) for i in range(4)]
     await asyncio.sleep(0)
     assert (engine.running, engine.waiting) == (1, 3)
-    assert engine.kv_usage == 10 / engine._profile.kv_cache_tokens
+    assert engine.kv_usage == 1 / engine.cache.num_blocks
     tasks[1].cancel()  # a waiter that leaves must not take a slot with it
     await asyncio.sleep(0)
     assert engine.waiting == 2
@@ -43,11 +43,11 @@ async def test_engine_queue_cap_and_slowdown() -> None:
     engine = SimEngine(profile(max_num_seqs=2, max_num_queued=1, load_slowdown=3.0))
     assert engine.itl_s() == pytest.approx(0.012)
     async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(engine.slot(1))
-        await stack.enter_async_context(engine.slot(1))
+        await stack.enter_async_context(engine.slot(["t"], 0))
+        await stack.enter_async_context(engine.slot(["t"], 0))
         assert engine.slowdown() == pytest.approx(3.0)
         assert engine.ttft_s(1000) == pytest.approx((0.020 + 0.05) * 3.0)
-        waiter = asyncio.create_task(stack.enter_async_context(engine.slot(1)))
+        waiter = asyncio.create_task(stack.enter_async_context(engine.slot(["t"], 0)))
         await asyncio.sleep(0)
         with pytest.raises(QueueFull):
             engine.check_admission()

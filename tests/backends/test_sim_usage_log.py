@@ -10,7 +10,9 @@ import pytest
 
 from tests.backends.conftest import SMALL, StartSim
 
-MESSAGES = [{"role": "user", "content": "Log this, please."}]
+MESSAGES = [
+    {"role": "user", "content": "Log this, please: one line per request, with its outcome."}
+]  # 22 prompt tokens: one full block, cached by the first request for the next ones
 
 
 async def test_one_line_per_request_with_its_outcome(start_sim: StartSim, tmp_path: Path) -> None:
@@ -58,6 +60,7 @@ async def test_one_line_per_request_with_its_outcome(start_sim: StartSim, tmp_pa
             "status": 200,
             "prompt_tokens": answer.usage.prompt_tokens,
             "completion_tokens": answer.usage.completion_tokens,
+            "cached_tokens": 0,
             "finish_reason": "stop",
             "fault": None,
         },
@@ -68,6 +71,7 @@ async def test_one_line_per_request_with_its_outcome(start_sim: StartSim, tmp_pa
             "status": 200,
             "prompt_tokens": answer.usage.prompt_tokens,
             "completion_tokens": 4,
+            "cached_tokens": 16,
             "finish_reason": "length",
             "fault": None,
         },
@@ -77,6 +81,7 @@ async def test_one_line_per_request_with_its_outcome(start_sim: StartSim, tmp_pa
             "status": 404,
             "prompt_tokens": 0,
             "completion_tokens": 0,
+            "cached_tokens": 0,
             "finish_reason": None,
             "fault": None,
         },
@@ -87,6 +92,7 @@ async def test_one_line_per_request_with_its_outcome(start_sim: StartSim, tmp_pa
             "status": 200,
             "prompt_tokens": answer.usage.prompt_tokens,
             "completion_tokens": 2,
+            "cached_tokens": 16,
             "finish_reason": "abort",
             "fault": "cut_after_tokens",
         },

@@ -3,18 +3,28 @@ the same home in every process (rendezvous hashing), on the direct and the queue
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from pathlib import Path
 
+import httpx
+import pytest
 import redis.asyncio as aioredis
+import yaml
 
 from backends.openai_http import VLLMBackend
+from gateway.app import create_app
 from gateway.queue.affinity import home_first, home_of
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.keys import RedisKeys
-from gateway.queue.pool import Replica
+from gateway.queue.pool import BackendPool, Replica
 from gateway.queue.replies import ReplyRouter
+from gateway.rules.sticky import conversation_key
+from gateway.services import open_services
+from gateway.settings import load_settings
 from tests.gateway.queue.conftest import MODEL, Collect, Edge, job, start_node
+from tests.support import free_port, gateway_config
 
 
 def _replicas(n: int) -> list[Replica]:
@@ -39,6 +49,21 @@ def test_homes_are_stable_spread_and_move_only_when_their_replica_goes() -> None
     assert home_first(ranked, three, key) == [three[0], three[1], three[2]]
     assert home_first(ranked[:2], three, key) == ranked[:2]  # home not usable: no change
     assert home_first(ranked, three, None) == ranked
+
+
+async def test_with_affinity_off_conversation_keys_change_nothing() -> None:
+    three = _replicas(3)
+    for i, replica in enumerate(three):
+        replica.slot_key = f"slots-{i}"
+    key = next(k for k in (f"conv-{i}" for i in range(100)) if home_of(k, three) is three[2])
+    for affinity, first in ((True, three[2]), (False, three[0])):
+        pool = BackendPool({MODEL: three}, affinity=affinity)  # least loaded: in config order
+        assert pool.ranked(MODEL, affinity=key)[0] is first
+        reservation = await pool.reserve([MODEL])
+        assert reservation is not None and reservation.replica is three[0]
+        async with pool.holding(reservation), pool.lease(MODEL, affinity=key) as backend:
+            assert backend is first.backend  # moved home, or kept where it was reserved
+        assert all(r.inflight == 0 for r in three)
 
 
 def _served_by(sims, request_ids: list[str]) -> set[int]:  # type: ignore[no-untyped-def]
@@ -88,3 +113,68 @@ async def test_turns_stay_on_the_home_replica_on_both_paths_and_leave_it_when_fu
         assert _served_by(sims, ["full"]) == {1 - index}
     finally:
         await node.aclose()
+
+
+@pytest.mark.parametrize("affinity", [True, False])
+async def test_the_queue_affinity_setting_decides_where_turns_go(
+    tmp_path: Path,
+    redis_url: str,
+    key_prefix: str,
+    start_sim,  # type: ignore[no-untyped-def]
+    affinity: bool,
+) -> None:
+    # Non-streamed answers at time scale 0 hold no slot across an await, so a /metrics scrape
+    # never sees one running: by load alone, sequential requests always rank the replicas the
+    # same way (the worker's idle reservation holds a slot on one of them).
+    sims = [await start_sim(8, time_scale=0.0) for _ in range(2)]
+    path = gateway_config(
+        workdir=tmp_path,
+        redis_url=redis_url,
+        prefix=key_prefix,
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'tiergate.db'}",
+        sim_ports={MODEL: 1},
+        port=free_port(),
+        admin_port=free_port(),
+        queue={"affinity": affinity},
+    )
+    config = yaml.safe_load(path.read_text())
+    config["deployments"][0]["replicas"] = [{"url": s.url, "max_num_seqs": 8} for s in sims]
+    path.write_text(yaml.safe_dump(config))
+    homes = {}
+    for c in range(6):
+        key = conversation_key(f"conv-{c}", [])
+        assert key is not None
+        home = home_of(key, _replicas(2))
+        assert home is not None
+        homes[f"conv-{c}"] = int(home.backend.name.rsplit("#", 1)[1])
+    assert set(homes.values()) == {0, 1}
+    async with open_services(load_settings(path), dev=True, workers=True) as services:
+        app = create_app(services=services)
+        app.state.services = services  # (the ASGI transport runs no lifespan)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://tiergate") as client:
+            await asyncio.sleep(0.5)  # both replicas scraped: both fresh
+            served: dict[str, set[int]] = {}
+            for turn in range(2):
+                for conversation in homes:
+                    reply = await client.post(
+                        "/v1/chat/completions",
+                        json={
+                            "model": MODEL,
+                            "messages": [{"role": "user", "content": f"turn {turn}"}],
+                            "max_tokens": 2,
+                        },
+                        headers={
+                            "authorization": "Bearer dev-acme",
+                            "x-tiergate-conversation-id": conversation,
+                        },
+                    )
+                    assert reply.status_code == 200, reply.text
+                    request_id = reply.headers["x-request-id"]
+                    where = {i for i, sim in enumerate(sims) if request_id in sim.served}
+                    served.setdefault(conversation, set()).update(where)
+    if affinity:
+        assert served == {c: {home} for c, home in homes.items()}
+    else:  # one replica for all, although their homes are on both
+        (only,) = {frozenset(where) for where in served.values()}
+        assert len(only) == 1
