@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +42,10 @@ class Books:
     def __init__(self) -> None:
         self.entries: list[LedgerEntry] = []
 
-    async def write(self, entry: LedgerEntry) -> None:
+    async def write(self, entry: LedgerEntry, *, then: Callable[[], None] | None = None) -> None:
         self.entries.append(entry)
+        if then is not None:
+            then()
 
 
 @dataclass

@@ -59,15 +59,26 @@ class LedgerWriter:
         self._refreshed_at: float | None = None
         self._tracing = tracing or Tracing.off()
 
-    async def write(self, entry: LedgerEntry) -> None:
-        await self._tracing.ledger_write(entry, self._write)
+    async def write(self, entry: LedgerEntry, *, then: Callable[[], None] | None = None) -> None:
+        """Book ``entry``. ``then`` is called once the event is on its way, before its reply:
+        on the coalescer, commands ``then`` queues go out behind the event in its pipeline
+        (the worker acknowledges the job that way, in the same round trip; Redis runs them in
+        order, so a job is never acknowledged before its event)."""
 
-    async def _write(self, entry: LedgerEntry) -> str:
+        async def write(e: LedgerEntry) -> str:
+            return await self._write(e, then)
+
+        await self._tracing.ledger_write(entry, write)
+
+    async def _write(self, entry: LedgerEntry, then: Callable[[], None] | None = None) -> str:
         """Where the entry went: ``stream`` or ``sql``."""
         fields: dict[FieldT, EncodableT] = {"e": encode_entry(entry)}
         try:
-            if self._coalescer is not None:
-                await self._coalescer.send(lambda pipe: pipe.xadd(self._stream, fields))
+            if self._coalescer is not None and not self._coalescer.closed:
+                sent = self._coalescer.send(lambda pipe: pipe.xadd(self._stream, fields))
+                if then is not None:
+                    then()
+                await sent
             else:
                 await self._redis.xadd(self._stream, fields)
         except (RedisError, OSError) as exc:

@@ -162,13 +162,21 @@ class LaneQueue:
         lane, tenant, entry_id, job = got
         return Taken(tier, _text(lane), _text(tenant), bytes(entry_id), bytes(job))
 
-    async def ack(self, taken: Taken) -> None:
+    def ack_later(self, taken: Taken) -> bool:
+        """Queue the acknowledgement on the coalescer; ``False`` (nothing done) when there is
+        no open coalescer: then ``ack``."""
+        if self._coalescer is None or self._coalescer.closed:
+            return False
         stream = self._keys.jobs(taken.tier, taken.lane, taken.tenant)
-        if self._coalescer is not None:
-            group, entry_id = self._keys.group, taken.entry_id
-            self._coalescer.send_nowait(lambda pipe: pipe.xack(stream, group, entry_id), "ack")
-            self._coalescer.send_nowait(lambda pipe: pipe.xdel(stream, entry_id), "ack")
+        group, entry_id = self._keys.group, taken.entry_id
+        self._coalescer.send_nowait(lambda pipe: pipe.xack(stream, group, entry_id), "ack")
+        self._coalescer.send_nowait(lambda pipe: pipe.xdel(stream, entry_id), "ack")
+        return True
+
+    async def ack(self, taken: Taken) -> None:
+        if self.ack_later(taken):
             return
+        stream = self._keys.jobs(taken.tier, taken.lane, taken.tenant)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.xack(stream, self._keys.group, taken.entry_id)
             pipe.xdel(stream, taken.entry_id)

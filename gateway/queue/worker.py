@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.accounting.records import LedgerEntry
 from gateway.accounting.writer import LedgerWriter
 from gateway.coalescer import Coalescer
 from gateway.limits.idempotency import Idempotency
@@ -338,6 +339,7 @@ class Worker:
         its entry names, for a job that was started at once). ``job`` and ``deliver``: a job
         started at once (``start_now``), already owned, answering its waiter directly."""
         ack = True
+        acked = False
         self._active.add(taken)
         try:
             if job is None:
@@ -374,7 +376,7 @@ class Worker:
                     entry = await run()
             finally:
                 self._running.pop(job.request_id, None)
-            await self._ledger.write(entry)
+            acked = await self._book(taken, entry)
             await self._note_service_time(taken.tier, time.time() - started)
         except asyncio.CancelledError:
             # Shutting down past the grace period: hand the job back (no ack, claim released).
@@ -391,9 +393,21 @@ class Worker:
                 await self._pool.release(reservation)
             if local is not None:
                 local.release()
-            if ack:
+            if ack and not acked:
                 with contextlib.suppress(RedisError, OSError):
                     await self._lanes.ack(taken)
+
+    async def _book(self, taken: Taken, entry: LedgerEntry) -> bool:
+        """Write the job's ledger entry; whether its acknowledgement went out with it (queued
+        behind the event, in the same pipeline: never before it)."""
+        acked = False
+
+        def ack_behind_the_event() -> None:
+            nonlocal acked
+            acked = self._lanes.ack_later(taken)
+
+        await self._ledger.write(entry, then=ack_behind_the_event)
+        return acked
 
     def _cannot_finish(self, tier: str, job: Job) -> bool:
         """Whether the time left is under the tier's typical job time: starting it would hold a

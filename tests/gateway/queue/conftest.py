@@ -46,8 +46,10 @@ class Collect:
     def __init__(self) -> None:
         self.entries: list[LedgerEntry] = []
 
-    async def write(self, entry: LedgerEntry) -> None:
+    async def write(self, entry: LedgerEntry, *, then: Callable[[], None] | None = None) -> None:
         self.entries.append(entry)
+        if then is not None:
+            then()
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -34,8 +34,10 @@ class _Collect:
     def __init__(self) -> None:
         self.entries: list[LedgerEntry] = []
 
-    async def write(self, entry: LedgerEntry) -> None:
+    async def write(self, entry: LedgerEntry, *, then: Callable[[], None] | None = None) -> None:
         self.entries.append(entry)
+        if then is not None:
+            then()
 
 
 @pytest.fixture
