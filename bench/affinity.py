@@ -20,17 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import platform
 import random
-import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -46,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from backends.sim import PROFILES  # noqa: E402
 from bench.loadgen import pct  # noqa: E402
+from bench.machine import run_identity  # noqa: E402
 from tests.support import (  # noqa: E402
     TEST_KEYS,
     Proc,
@@ -406,32 +403,9 @@ async def run_once(args: argparse.Namespace, affinity: bool) -> dict[str, Any]:
 # --- the bench ------------------------------------------------------------------------------
 
 
-def _git(*args: str) -> str:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return done.stdout.strip()
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def environment(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "cpu": _cpu_model(),
-        "cpus": os.cpu_count(),
+        **run_identity(),
         "settings": {k: v for k, v in vars(args).items() if k not in {"out", "keep_logs"}},
     }
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.openai_http import VLLMBackend
 from backends.types import ChatRequest
+from bench.machine import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client_overhead.json"
 BODY = {
@@ -231,16 +232,6 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1600)
@@ -305,7 +296,7 @@ def main() -> None:
         "compare clients within one run",
         "requests_per_run": args.requests,
         "repeats": args.repeats,
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
         "versions": _versions(),
         "results": results,
     }

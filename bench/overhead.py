@@ -17,17 +17,14 @@ import argparse
 import asyncio
 import contextlib
 import os
-import platform
 import random
 import shutil
-import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -54,6 +51,7 @@ from bench.loadgen import (  # noqa: E402
     pct,
     stream_block,
 )
+from bench.machine import run_identity  # noqa: E402
 from tests.support import (  # noqa: E402
     TEST_KEYS,
     Proc,
@@ -693,33 +691,9 @@ async def streaming(stack: Stack, prompts: list[list[dict[str, str]]]) -> list[d
 # --- the run ------------------------------------------------------------------------------
 
 
-def _git(*args: str) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return out.stdout.strip()
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def environment(args: argparse.Namespace, pin: dict[str, Any]) -> dict[str, Any]:
     return {
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": _cpu_model(),
-        "cpus": os.cpu_count(),
+        **run_identity(),
         "pinning": pin,
         "through": args.through_url or "tiergate serve (started by the bench)",
         "settings": {
