@@ -62,6 +62,8 @@ class _Job:
     """The prompt's tokens (``backends.sim.tokens.chat_tokens``)."""
     answer: Answer
     faults: Faults
+    continuous_usage: bool = False
+    """Usage in every chunk (vLLM's ``stream_options.continuous_usage_stats``)."""
 
     @property
     def completion_id(self) -> str:
@@ -108,7 +110,10 @@ def _plan(state: SimState, body: Any, request_id: str, arrived: float, faults: F
         answer = Answer((), "content_filter")
     else:
         answer = finish(_natural_pieces(state, req), stop=req.stop, limit=limit)
-    return _Job(request_id, arrived, req.stream, req.include_usage, tokens, answer, faults)
+    continuous = req.continuous_usage and p.flavor == "vllm"  # hosted APIs have no such option
+    return _Job(
+        request_id, arrived, req.stream, req.include_usage, tokens, answer, faults, continuous
+    )
 
 
 def _log(state: SimState, job_or_id: _Job | str, stream: bool, status: int, **fields: Any) -> None:
@@ -368,6 +373,8 @@ async def _emit(
     )
     pieces, reason = job.answer.pieces, job.answer.finish_reason
     last = len(pieces) - 1 if count == len(pieces) else -1  # the piece that carries the reason
+    prompt = job.prompt_tokens if job.continuous_usage else None
+    opening = None if prompt is None else (prompt, 0)
     due = loop.time() + state.ttft_s(prefill_tokens)
     due += job.faults.slow_first_token_ms / 1e3
     stall_at = job.faults.stall_after_tokens
@@ -386,16 +393,18 @@ async def _emit(
             await emitter.flush()
             await asyncio.sleep(wait)
         if i == 0:
-            emitter.add(enc.role())
-        emitter.add(enc.content(pieces[i], reason if i == last else None), tokens=1, itl=itl)
+            emitter.add(enc.role(opening))
+        usage = None if prompt is None else (prompt, i + 1)
+        finish = reason if i == last else None
+        emitter.add(enc.content(pieces[i], finish, usage), tokens=1, itl=itl)
     if not pieces:  # nothing left to say (a continuation of a complete answer)
         await asyncio.sleep(max(0.0, due - loop.time()))
-        emitter.add(enc.role())
-        emitter.add(enc.content("", reason))
+        emitter.add(enc.role(opening))
+        emitter.add(enc.content("", reason, opening))
     if count < len(pieces):
         if count == 0:
             await asyncio.sleep(max(0.0, due - loop.time()))
-            emitter.add(enc.role())
+            emitter.add(enc.role(opening))
         await emitter.flush()
         return
     if job.include_usage:
