@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ import httpx
 import openai
 import pytest
 import redis
+import yaml
 
-from gateway.accounting.records import LedgerEntry
+from gateway.accounting.prices import load_litellm_cost_map
+from gateway.accounting.records import Attempt, LedgerEntry
 from tests.e2e.ledger import wait_entry
 from tests.support import (
     TEST_KEYS,
@@ -81,9 +84,38 @@ class FaultStack:
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [line for line in lines if line.get("request_id") == request_id]
 
+    async def logged(self, profile: str, request_id: str) -> list[dict[str, Any]]:
+        """``usage`` once there is a line: a stalled or cut answer is logged when the simulator
+        sees its client go, a moment after the gateway gave up."""
+        deadline = time.monotonic() + 5
+        while not (lines := self.usage(profile, request_id)):
+            assert time.monotonic() < deadline, f"{profile} logged nothing for {request_id}"
+            await asyncio.sleep(0.05)
+        return lines
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=5) as response:
             return str(response.read().decode())
+
+    def price(self, deployment: str) -> tuple[Decimal, Decimal]:
+        """USD per input and output token: the config's ``price``, else (a hosted model)
+        litellm's cost map, as docs/costs.md says."""
+        config = yaml.safe_load((self.workdir / "config.yaml").read_text())
+        (dep,) = [d for d in config["deployments"] if d["model"] == deployment]
+        if "price" in dep:
+            per_mtok = dep["price"]
+            return (
+                Decimal(per_mtok["input_per_mtok"]).scaleb(-6),
+                Decimal(per_mtok["output_per_mtok"]).scaleb(-6),
+            )
+        entry = load_litellm_cost_map()[deployment]
+        return Decimal(entry["input_cost_per_token"]), Decimal(entry["output_cost_per_token"])
+
+    def cost_micro_usd(self, attempt: Attempt) -> int:
+        """What ``attempt``'s tokens cost at its deployment's price, in ledger micro-dollars."""
+        per_input, per_output = self.price(attempt.deployment)
+        usd = per_input * attempt.prompt_tokens + per_output * attempt.completion_tokens
+        return int(usd.scaleb(6).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
 
 
 @pytest.fixture(scope="module")
@@ -309,6 +341,35 @@ async def test_first_token_after_20s_times_out_and_moves_on(
     assert answer.elapsed_s < 10
     row = await entry(fstack, answer.request_id)
     assert outcomes(row) == [(SMALL, "timeout"), (LARGE, "ok")]
+
+
+async def test_stall_in_a_non_streamed_answer_times_out_and_moves_on(fstack: FaultStack) -> None:
+    """The primary sends its status and headers, then stalls mid-answer (after 40 tokens, for
+    30 s): the attempt timeout (4 s) ends the call, the 70B answers well inside the deadline,
+    and the tenant pays for the answer it got, nothing for the one that never came."""
+    fstack.faults(SMALL, stall_after_tokens=40, stall_ms=30_000)
+    answer = await ask(fstack, "small", stream=False)
+    assert answer.model == LARGE and answer.text and answer.finish_reason == "stop"
+    assert answer.elapsed_s < 10
+    row = await entry(fstack, answer.request_id)
+    assert row.outcome == "ok"
+    assert outcomes(row) == [(SMALL, "timeout"), (LARGE, "ok")]  # moved on, not retried
+    stalled, served = row.attempts
+    assert 3_900 <= stalled.latency_ms < 6_000  # held to the attempt timeout, no longer
+    assert (stalled.prompt_tokens, stalled.completion_tokens) == (0, 0)  # no body, no usage
+    (small_log,) = await fstack.logged(SMALL, answer.request_id)
+    assert (small_log["fault"], small_log["finish_reason"]) == ("stall_after_tokens", "abort")
+    (large_log,) = fstack.usage(LARGE, answer.request_id)
+    assert large_log["status"] == 200
+    assert (served.prompt_tokens, served.completion_tokens) == (
+        large_log["prompt_tokens"],
+        large_log["completion_tokens"],
+    )
+    assert (row.prompt_tokens, row.completion_tokens) == (
+        served.prompt_tokens,
+        served.completion_tokens,
+    )
+    assert row.cost_micro_usd == fstack.cost_micro_usd(served) > 0
 
 
 # -- broken streams ---------------------------------------------------------------------------
