@@ -12,7 +12,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
@@ -241,6 +241,36 @@ async def ask(stack: FaultStack, model: str, *, stream: bool, prompt: str = PROM
         )
 
 
+@dataclass
+class Streamed:
+    """A streamed answer as the client saw it, up to its end or the SDK's error."""
+
+    request_id: str
+    headers: dict[str, str]
+    pieces: list[str] = field(default_factory=list)
+    """The content of each chunk (the simulators send one token per chunk)."""
+    finishes: list[str] = field(default_factory=list)
+    error: openai.APIError | None = None
+
+
+async def read_stream(stack: FaultStack, model: str) -> Streamed:
+    async with api(stack) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model, messages=messages(), max_tokens=300, stream=True
+        )
+        got = Streamed(raw.headers["x-request-id"], dict(raw.headers))
+        try:
+            async for chunk in raw.parse():
+                for choice in chunk.choices:
+                    if choice.delta.content:
+                        got.pieces.append(choice.delta.content)
+                    if choice.finish_reason:
+                        got.finishes.append(choice.finish_reason)
+        except openai.APIError as exc:
+            got.error = exc
+    return got
+
+
 async def entry(stack: FaultStack, request_id: str) -> LedgerEntry:
     return await wait_entry(stack.database_url, request_id)
 
@@ -419,32 +449,45 @@ async def test_stream_stall_continues_on_the_fallback(fstack: FaultStack) -> Non
 
 
 @pytest.mark.parametrize(
-    "fault", [{"cut_after_tokens": 40}, {"stall_after_tokens": 40, "stall_ms": 30_000}]
+    ("fault", "outcome"),
+    [
+        ({"cut_after_tokens": 40}, "stream_cut"),
+        ({"stall_after_tokens": 40, "stall_ms": 30_000}, "timeout"),
+    ],
+    ids=["cut", "stall"],
 )
 async def test_broken_stream_that_cannot_continue_ends_with_an_error_event(
-    fstack: FaultStack, fault: dict[str, Any]
+    fstack: FaultStack, fault: dict[str, Any], outcome: str
 ) -> None:
-    # external first: a hosted API's answer cannot be continued elsewhere
-    await reference(fstack, "external")
+    """External first: a hosted API's answer cannot be continued elsewhere. The client gets
+    exactly the 40 tokens it sent, then the error event; the ledger books what that attempt
+    produced, as the simulator logged it, at the model's price."""
+    clean = await read_stream(fstack, "external")
+    assert len(clean.pieces) > 45, "the test prompt needs an answer over 40 tokens"
     fstack.faults(EXTERNAL, **fault)
-    async with api(fstack) as client:
-        raw = await client.chat.completions.with_raw_response.create(
-            model="external", messages=messages(), max_tokens=300, stream=True
-        )
-        request_id = raw.headers["x-request-id"]
-        finishes = []
-        with pytest.raises(openai.APIError):
-            async for chunk in raw.parse():
-                finishes.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
-    assert finishes == ["error"]  # never a clean end
-    row = await entry(fstack, request_id)
+    broken = await read_stream(fstack, "external")
+    assert broken.error is not None  # the SDK raises
+    assert broken.finishes == ["error"]  # never a clean end
+    assert broken.pieces == clean.pieces[:40]
+    row = await entry(fstack, broken.request_id)
     assert row.outcome == "stream_error"
-    assert outcomes(row)[0][0] == EXTERNAL and len(row.attempts) == 1
+    assert outcomes(row) == [(EXTERNAL, outcome)]  # the vLLM ones cannot continue it
+    (attempt,) = row.attempts
+    (log,) = await fstack.logged(EXTERNAL, broken.request_id)
+    assert (log["finish_reason"], log["completion_tokens"]) == ("abort", 40)
+    assert attempt.completion_tokens == 40
+    # A hosted API reports usage only at its end: the prompt tokens of its broken stream are
+    # unknown to the gateway and booked as 0 (docs/fallback.md, "Not covered yet").
+    assert attempt.prompt_tokens == 0 < log["prompt_tokens"]
+    assert (row.prompt_tokens, row.completion_tokens) == (0, 40)
+    assert row.cost_micro_usd == fstack.cost_micro_usd(attempt) > 0
 
 
 async def test_rule_forbidding_continuation_ends_the_stream_instead(fstack: FaultStack) -> None:
     """The same cut that is continued by default ends with the error event when the tenant's
-    rule says ``continuation: false``."""
+    rule says ``continuation: false``. The client has exactly the 40 tokens the primary sent;
+    the ledger books that attempt's prompt and completion tokens as the simulator logged them
+    (vLLM reports its usage in every chunk), at the deployment's price."""
     admin = {"authorization": f"Bearer {TEST_KEYS['TIERGATE_ADMIN_KEY']}"}
     rules = "rules:\n  - id: no-continue\n    when: {}\n    then: {continuation: false}\n"
     async with httpx.AsyncClient(base_url=fstack.base_url, headers=admin, timeout=10) as http:
@@ -452,24 +495,27 @@ async def test_rule_forbidding_continuation_ends_the_stream_instead(fstack: Faul
         assert put.status_code == 200, put.text
         try:
             await asyncio.sleep(1.0)  # hot reload reaches the worker within a second
-            await reference(fstack)
+            clean = await read_stream(fstack, "small")
+            assert len(clean.pieces) > 45, "the test prompt needs an answer over 40 tokens"
             fstack.faults(SMALL, cut_after_tokens=40)
-            async with api(fstack) as client:
-                raw = await client.chat.completions.with_raw_response.create(
-                    model="small", messages=messages(), max_tokens=300, stream=True
-                )
-                assert raw.headers["x-tiergate-rule"] == "rule:no-continue"
-                request_id = raw.headers["x-request-id"]
-                finishes = []
-                with pytest.raises(openai.APIError):
-                    async for chunk in raw.parse():
-                        finishes.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
-            assert finishes == ["error"]
-            row = await entry(fstack, request_id)
-            assert row.outcome == "stream_error" and row.rule == "rule:no-continue"
-            assert [d for d, _ in outcomes(row)] == [SMALL]
+            broken = await read_stream(fstack, "small")
         finally:
             assert (await http.delete("/v1/rules/acme")).status_code == 200
+    assert broken.headers["x-tiergate-rule"] == "rule:no-continue"
+    assert broken.error is not None and broken.finishes == ["error"]
+    assert broken.pieces == clean.pieces[:40]
+    row = await entry(fstack, broken.request_id)
+    assert row.outcome == "stream_error" and row.rule == "rule:no-continue"
+    assert outcomes(row) == [(SMALL, "stream_cut")]
+    (cut,) = row.attempts
+    (log,) = await fstack.logged(SMALL, broken.request_id)
+    assert log["completion_tokens"] == 40
+    assert (cut.prompt_tokens, cut.completion_tokens) == (
+        log["prompt_tokens"],
+        log["completion_tokens"],
+    )
+    assert (row.prompt_tokens, row.completion_tokens) == (cut.prompt_tokens, cut.completion_tokens)
+    assert row.cost_micro_usd == fstack.cost_micro_usd(cut) > 0
 
 
 async def test_malformed_chunk_is_a_failed_attempt_not_garbage(fstack: FaultStack) -> None:
