@@ -11,7 +11,7 @@ import json
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
@@ -25,6 +25,7 @@ import yaml
 
 from gateway.accounting.prices import load_litellm_cost_map
 from gateway.accounting.records import Attempt, LedgerEntry
+from gateway.queue.keys import LANES, RedisKeys
 from tests.e2e.ledger import wait_entry
 from tests.support import (
     TEST_KEYS,
@@ -116,6 +117,20 @@ class FaultStack:
         per_input, per_output = self.price(attempt.deployment)
         usd = per_input * attempt.prompt_tokens + per_output * attempt.completion_tokens
         return int(usd.scaleb(6).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+    def queue(self, tier: str) -> tuple[int, int]:
+        """The tier's slot leases held on its replicas, and the jobs waiting in its lanes."""
+        keys = RedisKeys(self.prefix)
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            held = sum(
+                int(client.zcard(key))
+                for key in client.scan_iter(match=keys.slots(tier, "*"), count=1000)
+            )
+            waiting = sum(int(client.get(keys.depth(tier, lane)) or 0) for lane in LANES)
+        finally:
+            client.close()
+        return held, waiting
 
 
 @pytest.fixture(scope="module")
@@ -705,3 +720,85 @@ async def test_failing_health_drains_the_deployment_until_it_recovers(fstack: Fa
     while (await ask(fstack, "small", stream=False)).model != SMALL:
         assert time.monotonic() - started < 30, "a recovered deployment gets traffic within 30 s"
         await asyncio.sleep(0.5)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("preemption", "failed", "within_s"),
+    [
+        ({"error_status": 503, "unhealthy": True}, "unavailable", 3.0),
+        ({"hang": True, "unhealthy": True}, "timeout", 4.0 + 3.0),
+    ],
+    ids=["503-and-health", "health-only"],
+)
+async def test_preemption_with_work_in_flight_and_queued_loses_nothing(
+    fstack: FaultStack, preemption: dict[str, Any], failed: str, within_s: float
+) -> None:
+    """A spot GPU reclaimed while busy: every slot of the primary holds a call in flight (the
+    simulator holds them, as a busy engine does) and more requests wait in the queue for it.
+    Then the preemption: /health fails, and the deployment answers 503 to everything, the held
+    calls included; or, health only, it never answers them, and the attempt timeout (4 s)
+    ends them (the queued ones wait for their slots: docs/fallback.md, "Not covered yet").
+    Every request is answered by the 70B (none lost, none 5xx), answered and booked once; and
+    new requests go to the 70B at once, without calling the primary."""
+    config = yaml.safe_load((fstack.workdir / "config.yaml").read_text())
+    (spec,) = [d for d in config["deployments"] if d["model"] == SMALL]
+    slots = sum(replica["max_num_seqs"] for replica in spec["replicas"])
+    queued = 6
+    fstack.faults(SMALL, hang=True)
+    async with api(fstack) as client:
+
+        async def one() -> tuple[str, str, str]:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="small", messages=messages(), max_tokens=50
+            )
+            text = raw.parse().choices[0].message.content or ""
+            return raw.headers["x-request-id"], raw.headers["x-tiergate-model"], text
+
+        tasks = [asyncio.create_task(one()) for _ in range(slots + queued)]
+        try:
+            # the preemption must come before the attempt timeout (4 s) ends the held calls
+            await until(
+                lambda: fstack.queue("small") == (slots, queued),
+                3.0,
+                f"{slots} calls in flight and {queued} queued, got {fstack.queue('small')}",
+            )
+            fstack.faults(SMALL, **preemption)
+            preempted = time.monotonic()
+            answers = await asyncio.gather(*tasks)
+            assert time.monotonic() - preempted < within_s
+        finally:
+            for task in tasks:
+                task.cancel()
+    assert {model for _, model, _ in answers} == {LARGE} and all(text for *_, text in answers)
+    in_flight = 0
+    for request_id, _, _ in answers:
+        primary = fstack.usage(SMALL, request_id)
+        assert all(line["status"] == 503 for line in primary)  # nothing served by the primary
+        (served,) = fstack.usage(LARGE, request_id)  # answered once
+        assert served["status"] == 200
+        assert fstack.usage(EXTERNAL, request_id) == []
+        row = await entry(fstack, request_id)  # one row per request id
+        assert row.outcome == "ok" and row.deployment == LARGE
+        assert outcomes(row)[-1] == (LARGE, "ok")
+        assert {o for d, o in outcomes(row) if d == SMALL} <= {failed, "circuit_open"}
+        in_flight += (SMALL, failed) in outcomes(row)
+        assert (row.prompt_tokens, row.completion_tokens) == (
+            served["prompt_tokens"],
+            served["completion_tokens"],
+        )  # booked once: the answer served, not a token more
+    assert in_flight >= slots  # every held call failed and was retried elsewhere
+    await until(lambda: breaker_state(fstack, SMALL) == 2, 3.0, "the breaker opened")
+    for _ in range(3):  # the drain holds: new work never reaches the preempted deployment
+        answer = await ask(fstack, "small", stream=False)
+        assert answer.model == LARGE
+        assert fstack.usage(SMALL, answer.request_id) == []
+        assert {o for d, o in outcomes(await entry(fstack, answer.request_id)) if d == SMALL} <= {
+            "circuit_open"
+        }
