@@ -16,7 +16,11 @@ Deadlines (event-loop clock; ``BackendTimeout`` says which one expired):
 A stream that ends before a chunk with a ``finish_reason`` or ``data: [DONE]`` raises
 ``BackendStreamCut``; an error event inside it raises what the same body would as a response.
 Streams always ask for ``stream_options.include_usage`` (the last chunk then carries the usage
-billing needs); non-streamed requests drop ``stream_options``, which vLLM rejects there.
+billing needs) and vLLM's ``continuous_usage_stats`` (every chunk carries the usage so far, so a
+stream that breaks still says what it cost: its prompt tokens and the completion tokens up to
+the break). Each chunk's usage is in ``ChatChunk.usage``; it is left in the chunk's ``data``
+only when the caller asked for continuous usage itself. Non-streamed requests drop
+``stream_options``, which vLLM rejects there.
 
 Consumers of ``stream`` that stop early should close the generator (``contextlib.aclosing``):
 that closes the connection, which makes vLLM abort the request.
@@ -51,6 +55,9 @@ _log = logging.getLogger(__name__)
 _CLIENT_ERRORS = (aiohttp.ClientError, OSError)  # OSError includes TimeoutError
 _SSE_TYPE = "text/event-stream"
 _DRAIN_S = 0.25  # how long to wait for the end of a body after [DONE]
+_USAGE_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+"""What a stream asks of ``stream_options`` (over the caller's): usage at the end and in
+every chunk."""
 
 
 def chat_completions_url(base_url: str) -> URL:
@@ -133,7 +140,7 @@ class VLLMBackend:
         if stream:
             options = body.get("stream_options")
             base = options if isinstance(options, Mapping) else {}
-            body["stream_options"] = {**base, "include_usage": True}
+            body["stream_options"] = {**base, **_USAGE_OPTIONS}
         else:
             body.pop("stream_options", None)  # vLLM rejects it on non-streamed requests
         return orjson.dumps(body)
@@ -203,15 +210,16 @@ class VLLMBackend:
             raise error_from_aiohttp(
                 exc, backend=self._name, body_started=False, waiting_for=clock.waiting_for
             ) from exc
+        keep_usage = _asks_continuous_usage(request.body)
         try:
             await self._check_stream_response(resp, clock)
-            async for chunk in self._read_events(resp.content, clock):
+            async for chunk in self._read_events(resp.content, clock, keep_usage):
                 yield chunk
         finally:
             resp.release()  # back to the pool if the body was read to its end, else closed
 
     async def _read_events(
-        self, content: aiohttp.StreamReader, clock: StreamClock
+        self, content: aiohttp.StreamReader, clock: StreamClock, keep_usage: bool
     ) -> AsyncIterator[ChatChunk]:
         decoder = SSEDecoder()
         seen_chunk = finished = False
@@ -231,7 +239,7 @@ class VLLMBackend:
                 if event == DONE:
                     await _drain(content, clock)
                     return
-                chunk = self._parse_chunk(event)
+                chunk = self._parse_chunk(event, keep_usage)
                 finished = finished or has_finish_reason(chunk.data)
                 seen_chunk = True
                 yield chunk
@@ -268,7 +276,9 @@ class VLLMBackend:
             f"asked for a stream, got {content_type}", backend=self._name, status=200
         )
 
-    def _parse_chunk(self, event: bytes) -> ChatChunk:
+    def _parse_chunk(self, event: bytes, keep_usage: bool = True) -> ChatChunk:
+        """One event's chunk; ``keep_usage`` off: a chunk with choices loses its (continuous)
+        ``usage`` from ``data`` (it stays in ``ChatChunk.usage``)."""
         try:
             data = orjson.loads(event)
         except orjson.JSONDecodeError as exc:
@@ -280,7 +290,10 @@ class VLLMBackend:
         error = error_from_payload(data, backend=self._name)
         if error is not None:
             raise error
-        return ChatChunk(data, Usage.from_openai(data.get("usage")))
+        usage = Usage.from_openai(data.get("usage"))
+        if not keep_usage and data.get("choices") and "usage" in data:
+            del data["usage"]  # asked for billing, not by the caller
+        return ChatChunk(data, usage)
 
 
 class StreamClock:
@@ -356,6 +369,11 @@ def forwarded_headers(request: ChatRequest) -> dict[str, str]:
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
     headers["x-request-id"] = request.request_id
     return headers
+
+
+def _asks_continuous_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, Mapping) and options.get("continuous_usage_stats") is True
 
 
 def has_finish_reason(data: Mapping[str, Any]) -> bool:

@@ -48,6 +48,8 @@ from backends.sim.wire import DONE, ChunkEncoder, completion_body
 __all__ = ["chat_completions"]
 
 _MIN_SLEEP_S = 0.002
+_GONE_POLL_S = 0.05
+"""How often a stalled answer looks whether its client has gone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,8 @@ class _Job:
     """The prompt's tokens (``backends.sim.tokens.chat_tokens``)."""
     answer: Answer
     faults: Faults
+    continuous_usage: bool = False
+    """Usage in every chunk (vLLM's ``stream_options.continuous_usage_stats``)."""
 
     @property
     def completion_id(self) -> str:
@@ -106,7 +110,10 @@ def _plan(state: SimState, body: Any, request_id: str, arrived: float, faults: F
         answer = Answer((), "content_filter")
     else:
         answer = finish(_natural_pieces(state, req), stop=req.stop, limit=limit)
-    return _Job(request_id, arrived, req.stream, req.include_usage, tokens, answer, faults)
+    continuous = req.continuous_usage and p.flavor == "vllm"  # hosted APIs have no such option
+    return _Job(
+        request_id, arrived, req.stream, req.include_usage, tokens, answer, faults, continuous
+    )
 
 
 def _log(state: SimState, job_or_id: _Job | str, stream: bool, status: int, **fields: Any) -> None:
@@ -177,6 +184,9 @@ async def _complete(request: web.Request, state: SimState, job: _Job) -> web.Str
     pieces = job.answer.pieces
     cut = job.faults.cut_after_tokens
     cutting = cut is not None and cut < len(pieces)
+    stall_at = job.faults.stall_after_tokens
+    if not cutting and stall_at and stall_at < len(pieces):
+        return await _stalled_complete(request, state, job, stall_at)
     generated = cut if cut is not None and cutting else len(pieces)
     natural_end = not cutting and job.answer.finish_reason == "stop"
     try:
@@ -227,6 +237,66 @@ async def _complete(request: web.Request, state: SimState, job: _Job) -> web.Str
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
+async def _stalled_complete(
+    request: web.Request, state: SimState, job: _Job, stall_at: int
+) -> web.StreamResponse:
+    """A non-streamed answer held by ``stall_after_tokens``: the status and headers go out when
+    its slot is granted, then the engine stalls after ``stall_at`` tokens for ``stall_ms``, then
+    generates the rest and the body follows. A client that leaves during the stall aborts it
+    (logged with the tokens generated so far)."""
+    loop = asyncio.get_running_loop()
+    engine, metrics = state.engine, state.metrics
+    pieces, finish_reason = job.answer.pieces, job.answer.finish_reason
+    body = completion_body(
+        completion_id=job.completion_id,
+        model=state.profile.name,
+        flavor=state.profile.flavor,
+        text="".join(pieces),
+        finish_reason=finish_reason,
+        prompt_tokens=job.prompt_tokens,
+        completion_tokens=len(pieces),
+    )
+    response = web.StreamResponse(headers={"x-request-id": job.request_id})
+    response.content_type = "application/json"
+    response.content_length = len(body)
+    generated, cached = stall_at, 0
+    try:
+        async with engine.slot(job.prompt, len(pieces)) as kv:
+            admitted = loop.time()
+            metrics.prompt_tokens += job.prompt_tokens
+            await response.prepare(request)  # a 200 and headers, then no body for a while
+            ttft = state.ttft_s(kv.prefill_tokens) + job.faults.slow_first_token_ms / 1e3
+            itl = state.itl_s()
+            await asyncio.sleep(ttft + itl * (stall_at - 1))
+            if await _stall(request, job.faults.stall_ms / 1e3):
+                await asyncio.sleep(itl * (len(pieces) - stall_at))
+                generated = len(pieces)
+            natural_end = generated == len(pieces) and finish_reason == "stop"
+            kv.generated = _computed(pieces[:generated], natural_end)
+            cached = kv.cached_tokens
+    except QueueFull:
+        return _queue_full(state, job)
+    metrics.generation_tokens += generated
+    metrics.ttft.observe(admitted - job.arrived + ttft)
+    metrics.itl.observe(itl, generated - 1)
+    metrics.e2e.observe(loop.time() - job.arrived)
+    usage = {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": generated,
+        "cached_tokens": cached,
+    }
+    if generated < len(pieces):
+        metrics.success["abort"] += 1
+        _log(state, job, False, 200, **usage, finish_reason="abort", fault="stall_after_tokens")
+        return _drop(request)
+    metrics.success[finish_reason] += 1
+    _log(state, job, False, 200, **usage, finish_reason=finish_reason)
+    with contextlib.suppress(ConnectionResetError):  # the client left after the stall
+        await response.write(body)
+        await response.write_eof()
+    return response
+
+
 class _Emitter:
     """Buffers due SSE chunks and writes them in one go, keeping the metrics as it does."""
 
@@ -265,8 +335,35 @@ class _Emitter:
         self._pending = 0
 
 
+class _LeftInStall(ConnectionResetError):
+    """The client went away while a ``stall_after_tokens`` fault held the answer."""
+
+
+def _gone(request: web.Request) -> bool:
+    """Whether the client has closed the connection."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _stall(request: web.Request, seconds: float) -> bool:
+    """Stay silent for ``seconds`` (wall clock), or until the client has gone (vLLM aborts a
+    request whose connection closed); whether the client is still there."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while (left := end - loop.time()) > 0:
+        if _gone(request):
+            return False
+        await asyncio.sleep(min(left, _GONE_POLL_S))
+    return not _gone(request)
+
+
 async def _emit(
-    emitter: _Emitter, state: SimState, job: _Job, count: int, prefill_tokens: int
+    request: web.Request,
+    emitter: _Emitter,
+    state: SimState,
+    job: _Job,
+    count: int,
+    prefill_tokens: int,
 ) -> None:
     """Pace and write the role chunk and the first ``count`` content pieces; the first is due
     after the prefill of ``prefill_tokens``."""
@@ -276,13 +373,16 @@ async def _emit(
     )
     pieces, reason = job.answer.pieces, job.answer.finish_reason
     last = len(pieces) - 1 if count == len(pieces) else -1  # the piece that carries the reason
+    prompt = job.prompt_tokens if job.continuous_usage else None
+    opening = None if prompt is None else (prompt, 0)
     due = loop.time() + state.ttft_s(prefill_tokens)
     due += job.faults.slow_first_token_ms / 1e3
     stall_at = job.faults.stall_after_tokens
     for i in range(count):
         if i == stall_at and i:
             await emitter.flush()
-            await asyncio.sleep(job.faults.stall_ms / 1e3)
+            if not await _stall(request, job.faults.stall_ms / 1e3):
+                raise _LeftInStall("the client left during the stall")
             due = loop.time()
         itl = None
         if i:
@@ -293,16 +393,18 @@ async def _emit(
             await emitter.flush()
             await asyncio.sleep(wait)
         if i == 0:
-            emitter.add(enc.role())
-        emitter.add(enc.content(pieces[i], reason if i == last else None), tokens=1, itl=itl)
+            emitter.add(enc.role(opening))
+        usage = None if prompt is None else (prompt, i + 1)
+        finish = reason if i == last else None
+        emitter.add(enc.content(pieces[i], finish, usage), tokens=1, itl=itl)
     if not pieces:  # nothing left to say (a continuation of a complete answer)
         await asyncio.sleep(max(0.0, due - loop.time()))
-        emitter.add(enc.role())
-        emitter.add(enc.content("", reason))
+        emitter.add(enc.role(opening))
+        emitter.add(enc.content("", reason, opening))
     if count < len(pieces):
         if count == 0:
             await asyncio.sleep(max(0.0, due - loop.time()))
-            emitter.add(enc.role())
+            emitter.add(enc.role(opening))
         await emitter.flush()
         return
     if job.include_usage:
@@ -345,6 +447,7 @@ async def _stream(request: web.Request, state: SimState, job: _Job) -> web.Strea
     )
     emitter = _Emitter(response, state, job)
     finish_reason = job.answer.finish_reason
+    fault: str | None = None
     cached = 0
     try:
         await response.prepare(request)
@@ -352,12 +455,13 @@ async def _stream(request: web.Request, state: SimState, job: _Job) -> web.Strea
             cached = kv.cached_tokens
             metrics.prompt_tokens += job.prompt_tokens
             try:
-                await _emit(emitter, state, job, count, kv.prefill_tokens)
+                await _emit(request, emitter, state, job, count, kv.prefill_tokens)
             finally:
                 natural_end = emitter.sent == len(pieces) and finish_reason == "stop"
                 kv.generated = _computed(pieces[: emitter.sent], natural_end)
-    except ConnectionResetError:
+    except ConnectionResetError as exc:
         finish_reason = "abort"  # the client went away
+        fault = "stall_after_tokens" if isinstance(exc, _LeftInStall) else None
     metrics.e2e.observe(asyncio.get_running_loop().time() - job.arrived)
     usage = {
         "prompt_tokens": job.prompt_tokens,
@@ -375,7 +479,7 @@ async def _stream(request: web.Request, state: SimState, job: _Job) -> web.Strea
             await response.write_eof()
         return response
     metrics.success[finish_reason] += 1
-    _log(state, job, True, 200, **usage, finish_reason=finish_reason)
+    _log(state, job, True, 200, **usage, finish_reason=finish_reason, fault=fault)
     if finish_reason != "abort":
         with contextlib.suppress(ConnectionResetError):  # the client left after [DONE]
             await response.write_eof()

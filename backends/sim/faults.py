@@ -25,8 +25,11 @@ shows is exactly what was last posted, normalised); ``DELETE`` clears it. Keys:
 ``end_after_tokens`` (int)    streams: after N content tokens end the body cleanly, without a
                               finish_reason or ``[DONE]``
 ``omit_done`` (bool)          streams: finish the answer but never send ``data: [DONE]``
-``stall_after_tokens`` (int)  streams: after N content tokens go silent for ``stall_ms``
-``stall_ms``                  ... milliseconds (wall clock), then carry on
+``stall_after_tokens`` (int)  streams: after N content tokens go silent for ``stall_ms``;
+                              non-stream: send the status and headers at once, then stall
+                              after N tokens (the body waits)
+``stall_ms``                  ... milliseconds (wall clock), then carry on; a client that
+                              leaves meanwhile aborts the request (logged at N tokens)
 ============================  ==============================================================
 
 Fault delays are wall-clock, not scaled by ``time_scale``: they are test instruments for the

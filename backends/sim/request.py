@@ -3,7 +3,8 @@
 Unknown fields are accepted and ignored, as vLLM does. What is checked: ``messages`` (a non-empty
 list; ``content`` a string, null or a list of parts whose ``text`` parts are read and whose other
 parts are ignored), ``n`` (only 1), ``max_tokens``/``max_completion_tokens`` (>= 1; the latter
-wins), ``seed``, ``stop``, ``stream``, ``stream_options.include_usage`` and vLLM's
+wins), ``seed``, ``stop``, ``stream``, ``stream_options.include_usage`` (and vLLM's
+``stream_options.continuous_usage_stats``, which acts only with it) and vLLM's
 ``continue_final_message``/``add_generation_prompt`` pair.
 """
 
@@ -31,6 +32,8 @@ class SimChatRequest:
     messages: tuple[Message, ...]
     stream: bool
     include_usage: bool
+    continuous_usage: bool
+    """Usage in every chunk (vLLM's ``continuous_usage_stats``, with ``include_usage``)."""
     max_tokens: int | None
     seed: int | None
     stop: tuple[str, ...]
@@ -130,11 +133,14 @@ def parse_chat_request(body: Any, *, supports_continuation: bool) -> SimChatRequ
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, Mapping):
         raise _bad("`stream_options` must be an object", "stream_options")
+    include_usage = _opt_bool(stream_options or {}, "include_usage", False)
+    continuous = _opt_bool(stream_options or {}, "continuous_usage_stats", False)
     return SimChatRequest(
         model=model,
         messages=messages,
         stream=_opt_bool(body, "stream", False),
-        include_usage=_opt_bool(stream_options or {}, "include_usage", False),
+        include_usage=include_usage,
+        continuous_usage=include_usage and continuous,
         max_tokens=max_tokens,
         seed=_opt_int(body, "seed"),
         stop=_stop(body.get("stop")),

@@ -9,7 +9,9 @@ For each deployment of the plan (the fallback chain):
    timeouts, cut streams and protocol errors move on at once; a rejected request stops the
    chain (context overflow moves on to a deployment whose window may fit);
 3. every call is one ``Attempt`` in the ledger row, with the tokens that backend billed (or,
-   for a stream that broke, the tokens it delivered), and one outcome for the breaker.
+   for a stream that broke, the usage it reported so far: vLLM reports it in every chunk; a
+   hosted API only at the end, so of its broken stream the tokens it delivered), and one
+   outcome for the breaker.
 
 Each call is held to the tier's per-attempt timeout and the request's deadline. A stream falls
 back freely until its first token; after it, when continuation is allowed
@@ -92,13 +94,16 @@ class _Streamed:
     """What one streamed attempt delivered so far."""
 
     usage: Usage | None = None
+    """The last usage the backend reported: at the end, or (vLLM, continuous usage stats) in
+    every chunk, so a stream that broke still has its prompt and completion tokens so far."""
     produced: int = 0
     """Content tokens it delivered."""
     sent: int = 0
     """Chunks it sent to the client."""
 
     def billed(self) -> Usage | None:
-        """The backend's usage, or (a stream cut short) the tokens it delivered."""
+        """The backend's usage, or (a stream cut short before any) the tokens it delivered,
+        prompt tokens unknown."""
         if self.usage is None and self.produced:
             return Usage(0, self.produced)
         return self.usage

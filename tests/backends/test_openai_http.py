@@ -178,6 +178,19 @@ async def finish_without_done(request: web.Request, seen: Seen) -> web.StreamRes
     return await sse(request, FULL_STREAM[:4])
 
 
+def running(completion: int) -> dict[str, int]:
+    """vLLM's continuous usage after ``completion`` tokens of a 12-token prompt."""
+    return {"prompt_tokens": 12, "completion_tokens": completion, "total_tokens": 12 + completion}
+
+
+async def continuous_cut(request: web.Request, seen: Seen) -> web.StreamResponse:
+    """vLLM with ``continuous_usage_stats``: usage in every chunk; cut after two tokens."""
+    resp = await sse(request, [chunk("Hel", usage=running(1)), chunk("lo", usage=running(2))])
+    assert request.transport is not None
+    request.transport.abort()
+    return resp
+
+
 def error_event(body: dict[str, Any]) -> Handler:
     async def handler(request: web.Request, seen: Seen) -> web.StreamResponse:
         return await sse(request, [chunk("a"), b"data: " + orjson.dumps(body) + b"\n\n", DONE])
@@ -206,6 +219,7 @@ SCENARIOS: dict[str, Handler] = {
     "done_then_pause": done_then_pause,
     "done_then_hang": done_then_hang,
     "finish_without_done": finish_without_done,
+    "continuous_cut": continuous_cut,
     "event_error_new": error_event({"error": {"message": "engine died", "code": 500}}),
     "event_error_old": error_event({"object": "error", "message": "bad logits", "code": 400}),
     "bad_json": fixed(lambda: web.Response(body=b"{not json", content_type="application/json")),
@@ -321,7 +335,23 @@ async def test_stream_yields_chunks_and_usage(
     assert [c.usage for c in chunks] == [None, None, None, Usage(12, 3)]
     sent = server.seen.bodies[0]
     assert sent["stream"] is True and sent["model"] == MODEL
-    assert sent["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+    # usage at the end, and in every chunk (so a cut stream still says what it cost)
+    assert sent["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
+
+
+@pytest.mark.parametrize("asked", [False, True], ids=["billing-only", "caller-asked"])
+async def test_continuous_usage_is_read_from_every_chunk(
+    make: Callable[..., VLLMBackend], asked: bool
+) -> None:
+    """A stream cut after two tokens has told its usage so far: the prompt and two tokens.
+    It stays in the chunks' data only when the caller asked for continuous usage."""
+    request = req(body={"stream_options": {"continuous_usage_stats": True}} if asked else {})
+    got: list[ChatChunk] = []
+    with pytest.raises(BackendStreamCut):
+        async for piece in make("continuous_cut").stream(request):
+            got.append(piece)
+    assert [c.usage for c in got] == [Usage(12, 1), Usage(12, 2)]
+    assert [("usage" in c.data) for c in got] == [asked, asked]
 
 
 async def test_stream_parses_crlf_events_split_at_every_byte(

@@ -96,6 +96,27 @@ async def test_stream_matches_the_json_answer(start_sim: StartSim) -> None:
     assert all(c.usage is None for c in plain)
 
 
+async def test_continuous_usage_stats_in_every_chunk(start_sim: StartSim) -> None:
+    """vLLM's ``continuous_usage_stats`` (with ``include_usage``): every chunk carries the
+    prompt tokens and the completion tokens so far; a hosted API has no such option."""
+    both = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    sim = await start_sim()
+    chunks = await _stream(sim, QUESTION, extra_body=both)
+    *answer, final = chunks
+    assert final.choices == [] and final.usage is not None
+    prompt = final.usage.prompt_tokens
+    assert [c.usage.completion_tokens if c.usage else None for c in answer] == list(
+        range(len(answer))
+    )  # the role chunk's 0, then one more per token
+    assert all(c.usage and c.usage.prompt_tokens == prompt for c in answer)
+    assert answer[-1].usage == final.usage
+    alone = {"stream_options": {"continuous_usage_stats": True}}  # needs include_usage
+    assert all(c.usage is None for c in await _stream(sim, QUESTION, extra_body=alone))
+    hosted = await start_sim(profile(EXTERNAL))
+    *answer, final = await _stream(hosted, QUESTION, extra_body=both)
+    assert final.usage is not None and all(c.usage is None for c in answer)
+
+
 @pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
 async def test_max_tokens_cuts_with_length(start_sim: StartSim, key: str) -> None:
     sim = await start_sim()

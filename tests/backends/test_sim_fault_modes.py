@@ -3,9 +3,13 @@ must become the right BackendError (or a complete answer), never garbage passed 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import orjson
 import pytest
 
 from backends.errors import (
@@ -126,6 +130,35 @@ async def test_stall_mid_stream_trips_the_stall_timeout(start_sim: StartSim) -> 
     async with backend(sim, stall_s=0.3) as b:
         with pytest.raises(BackendTimeout, match="stall"):
             await drain(b)
+
+
+async def test_stall_in_a_non_streamed_answer_trips_the_total_timeout(
+    start_sim: StartSim, tmp_path: Path
+) -> None:
+    """Non-streamed, the stall holds the body after the status and headers went out; the
+    client that gives up aborts the request, logged at the tokens generated before the stall."""
+    log = tmp_path / "usage.jsonl"
+    sim = await start_sim(usage_log=log)
+    await sim.set_faults(stall_after_tokens=5, stall_ms=5000)
+    started = time.monotonic()
+    async with backend(sim, total_s=0.5) as b:
+        with pytest.raises(BackendTimeout):
+            await b.chat(request())
+    for _ in range(40):  # the simulator notices the closed connection within 50 ms
+        if log.exists() and log.read_bytes():
+            break
+        await asyncio.sleep(0.05)
+    (line,) = [orjson.loads(raw) for raw in log.read_bytes().splitlines()]
+    assert (line["fault"], line["finish_reason"], line["completion_tokens"]) == (
+        "stall_after_tokens",
+        "abort",
+        5,
+    )
+    assert time.monotonic() - started < 3  # not the 5 s stall
+    await sim.set_faults(stall_after_tokens=5, stall_ms=50)
+    async with backend(sim, total_s=5) as b:
+        answer = await b.chat(request())  # a short stall: the whole answer, late
+    assert answer.body["choices"][0]["finish_reason"] in {"stop", "length"}
 
 
 async def test_content_filter_refusal_in_the_openai_flavour(start_sim: StartSim) -> None:

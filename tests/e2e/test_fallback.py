@@ -11,8 +11,9 @@ import json
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,11 @@ import httpx
 import openai
 import pytest
 import redis
+import yaml
 
-from gateway.accounting.records import LedgerEntry
+from gateway.accounting.prices import load_litellm_cost_map
+from gateway.accounting.records import Attempt, LedgerEntry
+from gateway.queue.keys import LANES, RedisKeys
 from tests.e2e.ledger import wait_entry
 from tests.support import (
     TEST_KEYS,
@@ -81,9 +85,52 @@ class FaultStack:
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [line for line in lines if line.get("request_id") == request_id]
 
+    async def logged(self, profile: str, request_id: str) -> list[dict[str, Any]]:
+        """``usage`` once there is a line: a stalled or cut answer is logged when the simulator
+        sees its client go, a moment after the gateway gave up."""
+        deadline = time.monotonic() + 5
+        while not (lines := self.usage(profile, request_id)):
+            assert time.monotonic() < deadline, f"{profile} logged nothing for {request_id}"
+            await asyncio.sleep(0.05)
+        return lines
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=5) as response:
             return str(response.read().decode())
+
+    def price(self, deployment: str) -> tuple[Decimal, Decimal]:
+        """USD per input and output token: the config's ``price``, else (a hosted model)
+        litellm's cost map, as docs/costs.md says."""
+        config = yaml.safe_load((self.workdir / "config.yaml").read_text())
+        (dep,) = [d for d in config["deployments"] if d["model"] == deployment]
+        if "price" in dep:
+            per_mtok = dep["price"]
+            return (
+                Decimal(per_mtok["input_per_mtok"]).scaleb(-6),
+                Decimal(per_mtok["output_per_mtok"]).scaleb(-6),
+            )
+        entry = load_litellm_cost_map()[deployment]
+        return Decimal(entry["input_cost_per_token"]), Decimal(entry["output_cost_per_token"])
+
+    def cost_micro_usd(self, attempt: Attempt) -> int:
+        """What ``attempt``'s tokens cost at its deployment's price, in ledger micro-dollars."""
+        per_input, per_output = self.price(attempt.deployment)
+        usd = per_input * attempt.prompt_tokens + per_output * attempt.completion_tokens
+        return int(usd.scaleb(6).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+    def queue(self, tier: str) -> tuple[int, int]:
+        """The tier's slot leases held on its replicas, and the jobs waiting in its lanes."""
+        keys = RedisKeys(self.prefix)
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            held = sum(
+                int(client.zcard(key))
+                for key in client.scan_iter(match=keys.slots(tier, "*"), count=1000)
+            )
+            waiting = sum(int(client.get(keys.depth(tier, lane)) or 0) for lane in LANES)
+        finally:
+            client.close()
+        return held, waiting
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +256,36 @@ async def ask(stack: FaultStack, model: str, *, stream: bool, prompt: str = PROM
         )
 
 
+@dataclass
+class Streamed:
+    """A streamed answer as the client saw it, up to its end or the SDK's error."""
+
+    request_id: str
+    headers: dict[str, str]
+    pieces: list[str] = field(default_factory=list)
+    """The content of each chunk (the simulators send one token per chunk)."""
+    finishes: list[str] = field(default_factory=list)
+    error: openai.APIError | None = None
+
+
+async def read_stream(stack: FaultStack, model: str) -> Streamed:
+    async with api(stack) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model, messages=messages(), max_tokens=300, stream=True
+        )
+        got = Streamed(raw.headers["x-request-id"], dict(raw.headers))
+        try:
+            async for chunk in raw.parse():
+                for choice in chunk.choices:
+                    if choice.delta.content:
+                        got.pieces.append(choice.delta.content)
+                    if choice.finish_reason:
+                        got.finishes.append(choice.finish_reason)
+        except openai.APIError as exc:
+            got.error = exc
+    return got
+
+
 async def entry(stack: FaultStack, request_id: str) -> LedgerEntry:
     return await wait_entry(stack.database_url, request_id)
 
@@ -311,6 +388,35 @@ async def test_first_token_after_20s_times_out_and_moves_on(
     assert outcomes(row) == [(SMALL, "timeout"), (LARGE, "ok")]
 
 
+async def test_stall_in_a_non_streamed_answer_times_out_and_moves_on(fstack: FaultStack) -> None:
+    """The primary sends its status and headers, then stalls mid-answer (after 40 tokens, for
+    30 s): the attempt timeout (4 s) ends the call, the 70B answers well inside the deadline,
+    and the tenant pays for the answer it got, nothing for the one that never came."""
+    fstack.faults(SMALL, stall_after_tokens=40, stall_ms=30_000)
+    answer = await ask(fstack, "small", stream=False)
+    assert answer.model == LARGE and answer.text and answer.finish_reason == "stop"
+    assert answer.elapsed_s < 10
+    row = await entry(fstack, answer.request_id)
+    assert row.outcome == "ok"
+    assert outcomes(row) == [(SMALL, "timeout"), (LARGE, "ok")]  # moved on, not retried
+    stalled, served = row.attempts
+    assert 3_900 <= stalled.latency_ms < 6_000  # held to the attempt timeout, no longer
+    assert (stalled.prompt_tokens, stalled.completion_tokens) == (0, 0)  # no body, no usage
+    (small_log,) = await fstack.logged(SMALL, answer.request_id)
+    assert (small_log["fault"], small_log["finish_reason"]) == ("stall_after_tokens", "abort")
+    (large_log,) = fstack.usage(LARGE, answer.request_id)
+    assert large_log["status"] == 200
+    assert (served.prompt_tokens, served.completion_tokens) == (
+        large_log["prompt_tokens"],
+        large_log["completion_tokens"],
+    )
+    assert (row.prompt_tokens, row.completion_tokens) == (
+        served.prompt_tokens,
+        served.completion_tokens,
+    )
+    assert row.cost_micro_usd == fstack.cost_micro_usd(served) > 0
+
+
 # -- broken streams ---------------------------------------------------------------------------
 
 
@@ -358,32 +464,45 @@ async def test_stream_stall_continues_on_the_fallback(fstack: FaultStack) -> Non
 
 
 @pytest.mark.parametrize(
-    "fault", [{"cut_after_tokens": 40}, {"stall_after_tokens": 40, "stall_ms": 30_000}]
+    ("fault", "outcome"),
+    [
+        ({"cut_after_tokens": 40}, "stream_cut"),
+        ({"stall_after_tokens": 40, "stall_ms": 30_000}, "timeout"),
+    ],
+    ids=["cut", "stall"],
 )
 async def test_broken_stream_that_cannot_continue_ends_with_an_error_event(
-    fstack: FaultStack, fault: dict[str, Any]
+    fstack: FaultStack, fault: dict[str, Any], outcome: str
 ) -> None:
-    # external first: a hosted API's answer cannot be continued elsewhere
-    await reference(fstack, "external")
+    """External first: a hosted API's answer cannot be continued elsewhere. The client gets
+    exactly the 40 tokens it sent, then the error event; the ledger books what that attempt
+    produced, as the simulator logged it, at the model's price."""
+    clean = await read_stream(fstack, "external")
+    assert len(clean.pieces) > 45, "the test prompt needs an answer over 40 tokens"
     fstack.faults(EXTERNAL, **fault)
-    async with api(fstack) as client:
-        raw = await client.chat.completions.with_raw_response.create(
-            model="external", messages=messages(), max_tokens=300, stream=True
-        )
-        request_id = raw.headers["x-request-id"]
-        finishes = []
-        with pytest.raises(openai.APIError):
-            async for chunk in raw.parse():
-                finishes.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
-    assert finishes == ["error"]  # never a clean end
-    row = await entry(fstack, request_id)
+    broken = await read_stream(fstack, "external")
+    assert broken.error is not None  # the SDK raises
+    assert broken.finishes == ["error"]  # never a clean end
+    assert broken.pieces == clean.pieces[:40]
+    row = await entry(fstack, broken.request_id)
     assert row.outcome == "stream_error"
-    assert outcomes(row)[0][0] == EXTERNAL and len(row.attempts) == 1
+    assert outcomes(row) == [(EXTERNAL, outcome)]  # the vLLM ones cannot continue it
+    (attempt,) = row.attempts
+    (log,) = await fstack.logged(EXTERNAL, broken.request_id)
+    assert (log["finish_reason"], log["completion_tokens"]) == ("abort", 40)
+    assert attempt.completion_tokens == 40
+    # A hosted API reports usage only at its end: the prompt tokens of its broken stream are
+    # unknown to the gateway and booked as 0 (docs/fallback.md, "Not covered yet").
+    assert attempt.prompt_tokens == 0 < log["prompt_tokens"]
+    assert (row.prompt_tokens, row.completion_tokens) == (0, 40)
+    assert row.cost_micro_usd == fstack.cost_micro_usd(attempt) > 0
 
 
 async def test_rule_forbidding_continuation_ends_the_stream_instead(fstack: FaultStack) -> None:
     """The same cut that is continued by default ends with the error event when the tenant's
-    rule says ``continuation: false``."""
+    rule says ``continuation: false``. The client has exactly the 40 tokens the primary sent;
+    the ledger books that attempt's prompt and completion tokens as the simulator logged them
+    (vLLM reports its usage in every chunk), at the deployment's price."""
     admin = {"authorization": f"Bearer {TEST_KEYS['TIERGATE_ADMIN_KEY']}"}
     rules = "rules:\n  - id: no-continue\n    when: {}\n    then: {continuation: false}\n"
     async with httpx.AsyncClient(base_url=fstack.base_url, headers=admin, timeout=10) as http:
@@ -391,24 +510,27 @@ async def test_rule_forbidding_continuation_ends_the_stream_instead(fstack: Faul
         assert put.status_code == 200, put.text
         try:
             await asyncio.sleep(1.0)  # hot reload reaches the worker within a second
-            await reference(fstack)
+            clean = await read_stream(fstack, "small")
+            assert len(clean.pieces) > 45, "the test prompt needs an answer over 40 tokens"
             fstack.faults(SMALL, cut_after_tokens=40)
-            async with api(fstack) as client:
-                raw = await client.chat.completions.with_raw_response.create(
-                    model="small", messages=messages(), max_tokens=300, stream=True
-                )
-                assert raw.headers["x-tiergate-rule"] == "rule:no-continue"
-                request_id = raw.headers["x-request-id"]
-                finishes = []
-                with pytest.raises(openai.APIError):
-                    async for chunk in raw.parse():
-                        finishes.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
-            assert finishes == ["error"]
-            row = await entry(fstack, request_id)
-            assert row.outcome == "stream_error" and row.rule == "rule:no-continue"
-            assert [d for d, _ in outcomes(row)] == [SMALL]
+            broken = await read_stream(fstack, "small")
         finally:
             assert (await http.delete("/v1/rules/acme")).status_code == 200
+    assert broken.headers["x-tiergate-rule"] == "rule:no-continue"
+    assert broken.error is not None and broken.finishes == ["error"]
+    assert broken.pieces == clean.pieces[:40]
+    row = await entry(fstack, broken.request_id)
+    assert row.outcome == "stream_error" and row.rule == "rule:no-continue"
+    assert outcomes(row) == [(SMALL, "stream_cut")]
+    (cut,) = row.attempts
+    (log,) = await fstack.logged(SMALL, broken.request_id)
+    assert log["completion_tokens"] == 40
+    assert (cut.prompt_tokens, cut.completion_tokens) == (
+        log["prompt_tokens"],
+        log["completion_tokens"],
+    )
+    assert (row.prompt_tokens, row.completion_tokens) == (cut.prompt_tokens, cut.completion_tokens)
+    assert row.cost_micro_usd == fstack.cost_micro_usd(cut) > 0
 
 
 async def test_malformed_chunk_is_a_failed_attempt_not_garbage(fstack: FaultStack) -> None:
@@ -598,3 +720,85 @@ async def test_failing_health_drains_the_deployment_until_it_recovers(fstack: Fa
     while (await ask(fstack, "small", stream=False)).model != SMALL:
         assert time.monotonic() - started < 30, "a recovered deployment gets traffic within 30 s"
         await asyncio.sleep(0.5)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("preemption", "failed", "within_s"),
+    [
+        ({"error_status": 503, "unhealthy": True}, "unavailable", 3.0),
+        ({"hang": True, "unhealthy": True}, "timeout", 4.0 + 3.0),
+    ],
+    ids=["503-and-health", "health-only"],
+)
+async def test_preemption_with_work_in_flight_and_queued_loses_nothing(
+    fstack: FaultStack, preemption: dict[str, Any], failed: str, within_s: float
+) -> None:
+    """A spot GPU reclaimed while busy: every slot of the primary holds a call in flight (the
+    simulator holds them, as a busy engine does) and more requests wait in the queue for it.
+    Then the preemption: /health fails, and the deployment answers 503 to everything, the held
+    calls included; or, health only, it never answers them, and the attempt timeout (4 s)
+    ends them (the queued ones wait for their slots: docs/fallback.md, "Not covered yet").
+    Every request is answered by the 70B (none lost, none 5xx), answered and booked once; and
+    new requests go to the 70B at once, without calling the primary."""
+    config = yaml.safe_load((fstack.workdir / "config.yaml").read_text())
+    (spec,) = [d for d in config["deployments"] if d["model"] == SMALL]
+    slots = sum(replica["max_num_seqs"] for replica in spec["replicas"])
+    queued = 6
+    fstack.faults(SMALL, hang=True)
+    async with api(fstack) as client:
+
+        async def one() -> tuple[str, str, str]:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="small", messages=messages(), max_tokens=50
+            )
+            text = raw.parse().choices[0].message.content or ""
+            return raw.headers["x-request-id"], raw.headers["x-tiergate-model"], text
+
+        tasks = [asyncio.create_task(one()) for _ in range(slots + queued)]
+        try:
+            # the preemption must come before the attempt timeout (4 s) ends the held calls
+            await until(
+                lambda: fstack.queue("small") == (slots, queued),
+                3.0,
+                f"{slots} calls in flight and {queued} queued, got {fstack.queue('small')}",
+            )
+            fstack.faults(SMALL, **preemption)
+            preempted = time.monotonic()
+            answers = await asyncio.gather(*tasks)
+            assert time.monotonic() - preempted < within_s
+        finally:
+            for task in tasks:
+                task.cancel()
+    assert {model for _, model, _ in answers} == {LARGE} and all(text for *_, text in answers)
+    in_flight = 0
+    for request_id, _, _ in answers:
+        primary = fstack.usage(SMALL, request_id)
+        assert all(line["status"] == 503 for line in primary)  # nothing served by the primary
+        (served,) = fstack.usage(LARGE, request_id)  # answered once
+        assert served["status"] == 200
+        assert fstack.usage(EXTERNAL, request_id) == []
+        row = await entry(fstack, request_id)  # one row per request id
+        assert row.outcome == "ok" and row.deployment == LARGE
+        assert outcomes(row)[-1] == (LARGE, "ok")
+        assert {o for d, o in outcomes(row) if d == SMALL} <= {failed, "circuit_open"}
+        in_flight += (SMALL, failed) in outcomes(row)
+        assert (row.prompt_tokens, row.completion_tokens) == (
+            served["prompt_tokens"],
+            served["completion_tokens"],
+        )  # booked once: the answer served, not a token more
+    assert in_flight >= slots  # every held call failed and was retried elsewhere
+    await until(lambda: breaker_state(fstack, SMALL) == 2, 3.0, "the breaker opened")
+    for _ in range(3):  # the drain holds: new work never reaches the preempted deployment
+        answer = await ask(fstack, "small", stream=False)
+        assert answer.model == LARGE
+        assert fstack.usage(SMALL, answer.request_id) == []
+        assert {o for d, o in outcomes(await entry(fstack, answer.request_id)) if d == SMALL} <= {
+            "circuit_open"
+        }
