@@ -250,6 +250,7 @@ class LiteLLMBackend:
                     )
                 finished = True
             started = True
+            data = _usage_alone(data)
             yield ChatChunk(data, Usage.from_openai(data.get("usage")))
             clock.chunk_received()
         if not finished:
@@ -264,6 +265,22 @@ def _provider_finished(wrapper: Any) -> bool:
         getattr(wrapper, "received_finish_reason", None)
         or getattr(wrapper, "intermittent_finish_reason", None)
     )
+
+
+def _usage_alone(data: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's shape for the usage chunk: no choices. litellm re-emits the provider's usage chunk
+    with one empty choice (a delta of nulls, no finish_reason), which a client, and the edge's
+    relay, take for a content chunk: the relay then sent it before the held finish_reason chunk,
+    so the stream's last chunk had no usage."""
+    choices = data.get("choices")
+    if data.get("usage") and choices and all(_empty_choice(c) for c in choices):
+        return {**data, "choices": []}
+    return data
+
+
+def _empty_choice(choice: Mapping[str, Any]) -> bool:
+    delta = choice.get("delta") or {}
+    return not choice.get("finish_reason") and not any(delta.values())
 
 
 def _dump(obj: Any) -> dict[str, Any] | None:

@@ -109,9 +109,12 @@ def freeze_startup_heap() -> None:
     gc.set_threshold(20_000, 50, 100)
 
 
-async def serve_worker(settings: Settings, *, dev: bool) -> None:
-    """Workers (and the ledger sink) alone, plus the admin port for metrics and health."""
-    async with open_services(settings, dev=dev, workers=True) as services:
+async def serve_worker(
+    settings: Settings, *, dev: bool, workers: bool = True, sink: bool = True
+) -> None:
+    """Workers and the ledger sink (or either alone), plus the admin port for metrics and
+    health."""
+    async with open_services(settings, dev=dev, workers=workers, sink=sink) as services:
         freeze_startup_heap()
         admin = _Server(
             _uvicorn_config(

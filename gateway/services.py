@@ -196,9 +196,11 @@ async def open_services(
     *,
     dev: bool = False,
     workers: bool = True,
+    sink: bool | None = None,
     tracing: Tracing | None = None,
 ) -> AsyncIterator[Services]:
-    """Build every service; close them all, in reverse order, on exit. ``tracing``: the
+    """Build every service; close them all, in reverse order, on exit. ``sink``: run the
+    ledger sink and the daily rollups here (default: where the workers run). ``tracing``: the
     caller's own (tests); by default one is built from ``settings.tracing`` and flushed last."""
     async with contextlib.AsyncExitStack() as stack:
         edge_id = secrets.token_hex(8)
@@ -278,6 +280,20 @@ async def open_services(
             breaker_watch = BreakerWatch(breaker, deployments, set_state=metrics.set_breaker)
             breaker_watch.start()
             stack.push_async_callback(breaker_watch.aclose)
+        if workers if sink is None else sink:  # before the workers: it closes after them
+            ledger_sink = LedgerSink(
+                redis=redis,
+                blocking_redis=blocking,
+                stream=redis_keys.ledger_events,
+                group=redis_keys.ledger_group,
+                consumer=f"sink-{edge_id}",
+                ledger=ledger,
+            )
+            ledger_sink.start()
+            stack.push_async_callback(ledger_sink.aclose)
+            rollups = RollupJob.from_prices(ledger, prices)
+            rollups.start()
+            stack.push_async_callback(rollups.aclose)
         worker: Worker | None = None
         if workers:
             session = aiohttp.ClientSession(
@@ -342,19 +358,6 @@ async def open_services(
                 coalescer=coalescer,
                 tracing=tracing,
             )
-            sink = LedgerSink(
-                redis=redis,
-                blocking_redis=blocking,
-                stream=redis_keys.ledger_events,
-                group=redis_keys.ledger_group,
-                consumer=f"sink-{edge_id}",
-                ledger=ledger,
-            )
-            sink.start()
-            stack.push_async_callback(sink.aclose)
-            rollups = RollupJob.from_prices(ledger, prices)
-            rollups.start()
-            stack.push_async_callback(rollups.aclose)
             worker.start()
             stack.push_async_callback(worker.aclose)
         dispatcher = Dispatcher(

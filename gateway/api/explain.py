@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from gateway.api.admission import admit, read_body
 from gateway.api.deps import ServicesDep
-from gateway.api.routing import plan_request
+from gateway.api.routing import live_signals, plan_request
 from gateway.auth.access import ADMIN, RULES, TENANT, access
 from gateway.auth.principals import Principal
 from gateway.errors import InvalidRequest, ModelNotFound, PermissionDenied
@@ -46,9 +46,11 @@ async def explain(
     raw = await read_body(request, services.settings.limits.max_body_bytes)
     admitted = admit(raw, dict(request.headers), services.settings.limits)
     inputs = await rule_inputs(services.rules, name, admitted)
-    plan = plan_request(services, name, admitted, inputs)
+    signals = live_signals(services)
+    plan = plan_request(services, name, admitted, inputs, signals=signals)
     body = plan.to_dict()
     body["skipped_rules"] = [{"rule": rid, "why": why} for rid, why in plan.skipped_rules]
+    waits = {tier.value: round(wait, 3) for tier, wait in signals.expected_wait_s.items()}
     return {
         "object": "route.plan",
         "tenant": name,
@@ -61,4 +63,8 @@ async def explain(
             else inputs.context.sticky_tier.value,
         },
         "estimated_prompt_tokens": admitted.features.estimated_prompt_tokens,
+        "signals": {  # the live state the plan was made on
+            "expected_wait_s": dict(sorted(waits.items())),
+            "unavailable": sorted(signals.unavailable),
+        },
     }

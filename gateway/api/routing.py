@@ -11,7 +11,7 @@ from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, Unkno
 from router.plan import RoutePlan
 from router.planner import decide
 
-__all__ = ["plan_request", "routing_error"]
+__all__ = ["live_signals", "plan_request", "routing_error"]
 
 
 def routing_error(exc: RoutingError) -> GatewayError:
@@ -24,7 +24,7 @@ def routing_error(exc: RoutingError) -> GatewayError:
     return GatewayError(exc.message)
 
 
-def _signals(services: Services) -> Signals:
+def live_signals(services: Services) -> Signals:
     """The live state the planner reads: a cached snapshot, never a Redis call per request."""
     snapshot = services.queue_snapshot
     watch = services.breaker_watch  # open circuit breakers (gateway.faults.watch)
@@ -35,9 +35,15 @@ def _signals(services: Services) -> Signals:
 
 
 def plan_request(
-    services: Services, tenant: str, admitted: Admitted, inputs: RuleInputs | None = None
+    services: Services,
+    tenant: str,
+    admitted: Admitted,
+    inputs: RuleInputs | None = None,
+    *,
+    signals: Signals | None = None,
 ) -> RoutePlan:
-    """``inputs``: the tenant's rules and the request's context (``gateway.rules.rule_inputs``)."""
+    """``inputs``: the tenant's rules and the request's context (``gateway.rules.rule_inputs``);
+    ``signals``: the live state to decide on (default: ``live_signals`` now)."""
     try:
         return decide(
             requested_model=admitted.request.model,
@@ -45,7 +51,7 @@ def plan_request(
             max_tokens=admitted.max_tokens,
             policy=services.policies[tenant],
             catalog=services.catalog,
-            signals=_signals(services),
+            signals=live_signals(services) if signals is None else signals,
             classifier=services.classifier,
             rules=None if inputs is None else inputs.rules,
             context=None if inputs is None else inputs.context,

@@ -92,15 +92,34 @@ def serve(
 @app.command()
 def worker(
     config: ConfigOpt,
+    no_sink: Annotated[
+        bool, typer.Option("--no-sink", help="workers only; run the sink with `tiergate sink`")
+    ] = False,
     dev: Annotated[bool, typer.Option("--dev", help="allow documented development keys")] = False,
 ) -> None:
-    """Run workers and the ledger sink alone (metrics and health on the admin port)."""
+    """Run workers and the ledger sink, without the edge (metrics and health on the admin
+    port)."""
     from gateway.server import serve_worker
 
     configure_logging()
     settings = _load(config)
     configure_logging(settings=settings)
-    _run_async(serve_worker(settings, dev=dev))
+    _run_async(serve_worker(settings, dev=dev, sink=not no_sink))
+
+
+@app.command()
+def sink(
+    config: ConfigOpt,
+    dev: Annotated[bool, typer.Option("--dev", help="allow documented development keys")] = False,
+) -> None:
+    """Run the ledger sink (event stream → SQL) and the daily rollups alone (metrics and health
+    on the admin port)."""
+    from gateway.server import serve_worker
+
+    configure_logging()
+    settings = _load(config)
+    configure_logging(settings=settings)
+    _run_async(serve_worker(settings, dev=dev, workers=False))
 
 
 @app.command()

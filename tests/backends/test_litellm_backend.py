@@ -80,6 +80,12 @@ STREAM = [
     chunk(None, usage=USAGE),
     b"data: [DONE]\n\n",
 ]
+STREAM_LAST_TOKEN_FINISHES = [  # vLLM's shape, and the simulator's: no empty finishing delta
+    chunk({"role": "assistant", "content": "Hi"}),
+    chunk({"content": "!"}, "stop"),
+    chunk(None, usage=USAGE),
+    b"data: [DONE]\n\n",
+]
 VLLM_CTX_OLD = {
     "object": "error",
     "message": "This model's maximum context length is 8192 tokens. However, you requested "
@@ -120,6 +126,10 @@ async def ok(request: web.Request) -> web.StreamResponse:
     return web.Response(body=orjson.dumps(ANSWER), content_type="application/json")
 
 
+async def ok_last(request: web.Request) -> web.StreamResponse:
+    return await sse(request, STREAM_LAST_TOKEN_FINISHES)
+
+
 async def cut(request: web.Request) -> web.StreamResponse:
     return await sse(request, STREAM[:2])
 
@@ -143,6 +153,7 @@ def fixed(
 
 SCENARIOS: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
     "ok": ok,
+    "ok_last": ok_last,
     "cut": cut,
     "hang": hang,
     "429": fixed(
@@ -267,14 +278,20 @@ async def test_chat(make: Callable[..., LiteLLMBackend], server: Server) -> None
     assert server.seen.headers[0]["traceparent"] == "00-1-01"
 
 
-async def test_stream_with_usage(make: Callable[..., LiteLLMBackend], server: Server) -> None:
-    chunks = await collect(make("ok"))
+@pytest.mark.parametrize("scenario", ["ok", "ok_last"])
+async def test_stream_with_usage(
+    make: Callable[..., LiteLLMBackend], server: Server, scenario: str
+) -> None:
+    chunks = await collect(make(scenario))
     text = "".join(
         c.data["choices"][0]["delta"].get("content") or "" for c in chunks if c.data["choices"]
     )
     assert text == "Hi!"
-    assert chunks[-1].usage == Usage(9, 2)
-    assert all(c.usage is None for c in chunks[:-1])
+    # OpenAI's shape, whatever order litellm re-emits them in: the finish_reason, then the usage
+    # alone in a last chunk with no choices; no chunk before carries a usage.
+    assert chunks[-1].usage == Usage(9, 2) and chunks[-1].data["choices"] == []
+    assert chunks[-2].data["choices"][0]["finish_reason"] == "stop"
+    assert all(c.usage is None and not c.data.get("usage") for c in chunks[:-1])
     sent = server.seen.bodies[0]
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
 

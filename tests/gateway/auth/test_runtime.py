@@ -1,5 +1,6 @@
-"""Two in-memory copies (as two gateway processes hold them) over one SQLite file and the real
-Redis: changes reach the other copy through pub/sub + the version counter."""
+"""Two in-memory copies (as two gateway processes hold them) over one database (SQLite, then
+PostgreSQL: ``store_url``, tests/gateway/conftest.py) and the real Redis: changes reach the
+other copy through pub/sub + the version counter."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -30,10 +30,9 @@ async def _wait(predicate, timeout_s: float = 5.0) -> float:  # type: ignore[no-
 
 @pytest.fixture
 async def pair(
-    tmp_path: Path, redis_url: str, key_prefix: str
+    store_url: str, redis_url: str, key_prefix: str
 ) -> AsyncIterator[tuple[AuthAdmin, RuntimeAuth, RuntimeAuth]]:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'auth.db'}"
-    stores = [await SqlAuthStore.connect(url) for _ in range(2)]
+    stores = [await SqlAuthStore.connect(store_url) for _ in range(2)]
     clients = [aioredis.Redis.from_url(redis_url) for _ in range(2)]
     copies = [
         RuntimeAuth(s, AuthChanges(c, key_prefix), flush_s=0.1)

@@ -1,4 +1,5 @@
-"""``SqlAuthStore`` on a real SQLite file."""
+"""``SqlAuthStore`` on a real SQLite file and on a real PostgreSQL database (``store_url``,
+tests/gateway/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
 
 from gateway.auth.store import SqlAuthStore
 from gateway.auth.tenants import TenantProfile
@@ -15,8 +17,8 @@ from router.catalog import Tier
 
 
 @pytest.fixture
-async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
-    store = await SqlAuthStore.connect(f"sqlite+aiosqlite:///{tmp_path / 'auth.db'}")
+async def store(store_url: str):  # type: ignore[no-untyped-def]
+    store = await SqlAuthStore.connect(store_url)
     yield store
     await store.aclose()
 
@@ -35,18 +37,27 @@ async def test_tenants_round_trip(store: SqlAuthStore) -> None:
         await store.get_tenant("nobody")
 
 
-async def test_key_is_stored_as_salted_hash_only(store: SqlAuthStore, tmp_path: Path) -> None:
+async def test_key_is_stored_as_salted_hash_only(store: SqlAuthStore, store_url: str) -> None:
     issued = await store.create_key("ops-bot", ["tenant:umbrella"], note="ci")
     assert issued.key.startswith("tgk_") and issued.record.key_id in issued.key
     listed = await store.list_keys()
     assert [k.key_id for k in listed] == [issued.record.key_id]
     assert "digest" not in listed[0].public() and "salt" not in listed[0].public()
-    raw = (tmp_path / "auth.db").read_bytes()
-    wal = tmp_path / "auth.db-wal"
-    if wal.exists():
-        raw += wal.read_bytes()
     secret = issued.key.split("_", 2)[2]
-    assert secret.encode() not in raw and issued.key.encode() not in raw
+    async with store._engine.connect() as conn:
+        stored = repr((await conn.execute(text("SELECT * FROM api_keys"))).all())
+    assert issued.record.key_id in stored
+    assert secret not in stored and issued.key not in stored
+    url = make_url(store_url)
+    if url.get_backend_name() == "sqlite":  # and not in the file's bytes either
+        raw = _file_bytes(Path(str(url.database)))
+        assert secret.encode() not in raw and issued.key.encode() not in raw
+
+
+def _file_bytes(db: Path) -> bytes:
+    """A SQLite database's bytes, its write-ahead log included."""
+    wal = db.with_name(db.name + "-wal")
+    return db.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
 
 
 async def test_roles_are_checked(store: SqlAuthStore) -> None:
@@ -87,11 +98,10 @@ async def test_deleting_a_tenant_revokes_its_keys(store: SqlAuthStore) -> None:
     assert (await store.get_key(other.record.key_id)).revoked_at is None
 
 
-async def test_schema_creation_is_idempotent(tmp_path: Path) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'twice.db'}"
+async def test_schema_creation_is_idempotent(store_url: str) -> None:
     for _ in range(2):
-        store = await SqlAuthStore.connect(url)
+        store = await SqlAuthStore.connect(store_url)
         async with store._engine.connect() as conn:
-            tables = (await conn.execute(text("SELECT name FROM sqlite_master"))).scalars().all()
+            tables = await conn.run_sync(lambda sync: inspect(sync).get_table_names())
         await store.aclose()
     assert {"tenants", "api_keys"} <= set(tables)

@@ -1,11 +1,11 @@
-"""Rule versions in SQL and hot reload between two registries on the same Redis and database."""
+"""Rule versions in SQL and hot reload between two registries on the same Redis and database,
+on SQLite and on PostgreSQL (``store_url``, tests/gateway/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -52,8 +52,8 @@ async def _close(*registries: RuleRegistry) -> None:
         await registry.store.aclose()
 
 
-async def test_versions_author_diff_and_rollback(tmp_path: Path) -> None:
-    store = await SqlRuleStore.connect(f"sqlite+aiosqlite:///{tmp_path / 'rules.db'}")
+async def test_versions_author_diff_and_rollback(store_url: str) -> None:
+    store = await SqlRuleStore.connect(store_url)
     try:
         v1 = await store.append("acme", V1, author="rules-acme", action="put")
         v2 = await store.append("acme", V2, author="admin", action="put")
@@ -74,8 +74,8 @@ async def test_versions_author_diff_and_rollback(tmp_path: Path) -> None:
         await store.aclose()
 
 
-async def test_concurrent_writers_get_distinct_versions(tmp_path: Path) -> None:
-    store = await SqlRuleStore.connect(f"sqlite+aiosqlite:///{tmp_path / 'rules.db'}")
+async def test_concurrent_writers_get_distinct_versions(store_url: str) -> None:
+    store = await SqlRuleStore.connect(store_url)
     try:
         written = await asyncio.gather(
             *(store.append("acme", f"# {i}\n", author="a", action="put") for i in range(8))
@@ -86,11 +86,10 @@ async def test_concurrent_writers_get_distinct_versions(tmp_path: Path) -> None:
 
 
 async def test_change_reaches_a_second_registry_within_a_second(
-    tmp_path: Path, redis: aioredis.Redis, key_prefix: str
+    store_url: str, redis: aioredis.Redis, key_prefix: str
 ) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'rules.db'}"
-    writer = await _registry(url, redis, key_prefix)
-    reader = await _registry(url, redis, key_prefix, poll_s=30)  # pub/sub path only
+    writer = await _registry(store_url, redis, key_prefix)
+    reader = await _registry(store_url, redis, key_prefix, poll_s=30)  # pub/sub path only
     try:
         started = time.monotonic()
         await writer.apply("acme", V1, author="rules-acme")
@@ -103,11 +102,10 @@ async def test_change_reaches_a_second_registry_within_a_second(
 
 
 async def test_missed_message_is_caught_by_the_version_check(
-    tmp_path: Path, redis: aioredis.Redis, key_prefix: str
+    store_url: str, redis: aioredis.Redis, key_prefix: str
 ) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'rules.db'}"
-    reader = await _registry(url, redis, key_prefix, poll_s=0.2)
-    store = await SqlRuleStore.connect(url)
+    reader = await _registry(store_url, redis, key_prefix, poll_s=0.2)
+    store = await SqlRuleStore.connect(store_url)
     try:
         await store.append("acme", V2, author="cli", action="put")  # no message published
         started = time.monotonic()
@@ -121,9 +119,9 @@ async def test_missed_message_is_caught_by_the_version_check(
 
 
 async def test_invalid_rules_are_refused_and_the_running_ones_stay(
-    tmp_path: Path, redis: aioredis.Redis, key_prefix: str
+    store_url: str, redis: aioredis.Redis, key_prefix: str
 ) -> None:
-    registry = await _registry(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}", redis, key_prefix)
+    registry = await _registry(store_url, redis, key_prefix)
     try:
         await registry.apply("acme", V1, author="a")
         with pytest.raises(RulesInvalid, match="line 3"):
@@ -137,9 +135,9 @@ async def test_invalid_rules_are_refused_and_the_running_ones_stay(
 
 
 async def test_rollback_restores_exactly_and_global_rules_follow(
-    tmp_path: Path, redis: aioredis.Redis, key_prefix: str
+    store_url: str, redis: aioredis.Redis, key_prefix: str
 ) -> None:
-    registry = await _registry(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}", redis, key_prefix)
+    registry = await _registry(store_url, redis, key_prefix)
     try:
         await registry.apply("acme", V1, author="a")
         await registry.apply("acme", V2, author="a")
