@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
+from gateway.api.sse import EventStreamResponse
 from gateway.api.timing import StageClock
 from gateway.errors import DeadlineExceeded, GatewayError, ServiceUnavailable, UpstreamFailed
 from gateway.observability.logging import log_request
@@ -238,11 +239,12 @@ async def sse_response(
         raise RelayedError(error)
     relay = _StreamRelay(ctx, first.meta)
     ctx.observe_first_chunk(first.meta)
+    opening = b"".join(relay.on_reply(first))
 
-    async def body() -> AsyncIterator[bytes]:
+    async def rest() -> AsyncIterator[bytes]:
+        if relay.finished:
+            return
         try:
-            for event in relay.on_reply(first):
-                yield event
             async for reply in replies:
                 for event in relay.on_reply(reply):
                     yield event
@@ -259,10 +261,8 @@ async def sse_response(
                 on_gone()  # the client went away: stop generating
             raise
 
-    return StreamingResponse(
-        body(),
-        media_type="text/event-stream",
-        headers={**ctx.headers(first.meta), "cache-control": "no-cache"},
+    return EventStreamResponse(
+        opening, rest(), headers={**ctx.headers(first.meta), "cache-control": "no-cache"}
     )
 
 
