@@ -32,6 +32,7 @@ from gateway.auth.store import SqlAuthStore
 from gateway.coalescer import Coalescer
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.faults.breaker import RedisBreaker
+from gateway.faults.drain import InflightCalls
 from gateway.faults.health import HealthProbe
 from gateway.faults.marks import StreamMarks
 from gateway.faults.watch import BreakerWatch
@@ -302,12 +303,14 @@ async def open_services(
             )
             stack.push_async_callback(session.close)
             fallback = settings.fallback
+            inflight = InflightCalls()
             if breaker is not None and fallback.breaker.health_interval_s > 0:
                 probe = HealthProbe(
                     session,
                     breaker,
                     {d.model: [r.url for r in d.replicas] for d in vllm_deployments(settings)},
                     interval_s=fallback.breaker.health_interval_s,
+                    on_down=inflight.drain,
                 )
                 probe.start()
                 stack.push_async_callback(probe.aclose)
@@ -339,6 +342,7 @@ async def open_services(
                 faults=tier_faults(settings.fallback),
                 continuation=settings.fallback.continuation,
                 stream_marks=StreamMarks(redis, settings.redis.key_prefix, coalescer=coalescer),
+                inflight=inflight,
                 tracing=tracing,
             )
             worker = Worker(

@@ -1,7 +1,8 @@
 """Drain on failed health: a vLLM deployment whose replicas all fail ``GET /health`` (a spot GPU
 being reclaimed, a server shutting down) has its breaker opened at once, in every process, and
 re-opened every check while it stays down; once healthy again, the breaker's half-open probe
-lets traffic back.
+lets traffic back. The non-streamed calls already waiting on it end at once and are retried
+elsewhere (``gateway/faults/drain.py``).
 
 Hosted APIs have no health endpoint: only ``vllm`` deployments are checked. Queued jobs keep
 their plans; when a worker runs one, the open breaker makes it skip the drained deployment.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 
@@ -37,12 +38,16 @@ class HealthProbe:
         *,
         interval_s: float = 1.0,
         timeout_s: float = 1.0,
+        on_down: Callable[[str], object] | None = None,
     ) -> None:
+        """``on_down(deployment)`` is called for a drained deployment after its breaker opened
+        (``InflightCalls.drain``: the calls waiting on it end and are retried elsewhere)."""
         self._session = session
         self._breaker = breaker
         self._replicas = {d: tuple(urls) for d, urls in replicas.items() if urls}
         self._interval_s = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._on_down = on_down
         self._task: asyncio.Task[None] | None = None
 
     async def _healthy(self, base_url: str) -> bool:
@@ -60,6 +65,8 @@ class HealthProbe:
             if not any(results):
                 down.add(deployment)
                 await self._breaker.trip(deployment)
+                if self._on_down is not None:
+                    self._on_down(deployment)
         return frozenset(down)
 
     async def _loop(self) -> None:

@@ -49,6 +49,7 @@ from gateway.errors import (
 from gateway.faults.breaker import BreakerState, RedisBreaker
 from gateway.faults.chains import DOWNGRADE_TAG, TierFaults, is_downgrade
 from gateway.faults.continuation import Delivered, can_continue, continuation_body, is_role_only
+from gateway.faults.drain import InflightCalls
 from gateway.faults.marks import StreamMarks
 from gateway.faults.policy import Sleep
 from gateway.observability.tracing import Tracing
@@ -165,6 +166,7 @@ class Executor:
         sleep: Sleep = asyncio.sleep,
         stream_marks: StreamMarks | None = None,
         tracing: Tracing | None = None,
+        inflight: InflightCalls | None = None,
     ) -> None:
         self._pool = pool
         self._prices = prices
@@ -177,6 +179,7 @@ class Executor:
         self._sleep = sleep
         self._marks = stream_marks
         self._tracing = tracing or Tracing.off()
+        self._inflight = inflight or InflightCalls()
         self._abandoned: set[str] = set()
 
     def abandon(self, request_id: str) -> None:
@@ -268,7 +271,8 @@ class Executor:
             async with self._pool.lease(deployment, affinity=run.job.conversation) as backend:
                 server = backend.address if self._tracing.enabled else None
                 request = self._request(run.job, run.job.body, deployment, started, tier)
-                response = await backend.chat(request)
+                async with self._inflight.watching(deployment):  # ended if it is drained
+                    response = await backend.chat(request)
         except asyncio.CancelledError:
             why = "cancelled during the call"
             self._record(run, deployment, "cancelled", started, None, why, server=server)
