@@ -114,6 +114,26 @@ def start_sim(
     return proc, usage
 
 
+def start_sims(
+    profiles: Sequence[str],
+    workdir: Path,
+    procs: list[Proc],
+    *,
+    extra_args: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[dict[str, int], dict[str, Path]]:
+    """One simulator per profile on a free port, each appended to ``procs`` as it starts (the
+    caller stops them); their ports and usage logs by profile. ``extra_args``: per profile."""
+    ports = {profile: free_port() for profile in profiles}
+    usage: dict[str, Path] = {}
+    for profile, port in ports.items():
+        proc, log = start_sim(
+            profile, port, workdir, extra_args=(extra_args or {}).get(profile, ())
+        )
+        procs.append(proc)
+        usage[profile] = log
+    return ports, usage
+
+
 def gateway_config(
     *,
     workdir: Path,

@@ -31,7 +31,7 @@ from tests.support import (
     free_port,
     gateway_config,
     start_gateway,
-    start_sim,
+    start_sims,
     wait_ready,
 )
 
@@ -61,14 +61,9 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("reconcile")
     prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
-    ports = {p: free_port() for p in PROFILES}
     procs: list[Proc] = []
-    usage: dict[str, Path] = {}
     try:
-        for profile, port in ports.items():
-            proc, log = start_sim(profile, port, workdir)
-            procs.append(proc)
-            usage[profile] = log
+        ports, usage = start_sims(PROFILES, workdir, procs)
         port = free_port()
         database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
         config = gateway_config(

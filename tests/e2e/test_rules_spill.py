@@ -37,7 +37,7 @@ from tests.support import (
     free_port,
     gateway_config,
     start_gateway,
-    start_sim,
+    start_sims,
     wait_ready,
 )
 
@@ -83,14 +83,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
     workdir = tmp_path_factory.mktemp("spill")
     prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
     procs: list[Proc] = []
-    usage: dict[str, Path] = {}
     try:
-        ports = {profile: free_port() for profile in PROFILES}
-        for profile, port in ports.items():
-            fixed = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)] if profile == LARGE else []
-            sim, log = start_sim(profile, port, workdir, extra_args=fixed)
-            procs.append(sim)
-            usage[profile] = log
+        fixed = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
+        ports, usage = start_sims(PROFILES, workdir, procs, extra_args={LARGE: fixed})
         port = free_port()
         database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
         config = gateway_config(

@@ -42,7 +42,7 @@ from tests.support import (
     free_port,
     gateway_config,
     start_gateway,
-    start_sim,
+    start_sims,
     wait_ready,
 )
 
@@ -100,14 +100,9 @@ def _start_sink(config: Path, workdir: Path, name: str) -> Proc:
 def cluster(tmp_path: Path, redis_url: str) -> Iterator[Cluster]:
     prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
     procs: list[Proc] = []
-    usage: dict[str, Path] = {}
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        ports = {profile: free_port() for profile in PROFILES}
-        for profile, port in ports.items():
-            sim, log = start_sim(profile, port, tmp_path)
-            procs.append(sim)
-            usage[profile] = log
+        ports, usage = start_sims(PROFILES, tmp_path, procs)
         port = free_port()
         database_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
         config = gateway_config(
