@@ -50,7 +50,7 @@ class RelayContext:
         self.prompt = prompt
         """Logged with the access line only when ``logging.log_prompts`` is on."""
         self.clock = clock
-        """Stage times for a non-streamed response's ``Server-Timing`` header."""
+        """Stage times for the ``Server-Timing`` header (a stream's: up to its first chunk)."""
 
     def headers(self, meta: Mapping[str, Any]) -> dict[str, str]:
         headers = {
@@ -62,6 +62,13 @@ class RelayContext:
         }
         if meta.get("downgraded"):
             headers["x-tiergate-downgraded"] = "true"  # served below the planned tier
+        return headers
+
+    def stream_headers(self, meta: Mapping[str, Any]) -> dict[str, str]:
+        """A stream's headers, sent with its first chunk (``meta``: that chunk's)."""
+        headers = {**self.headers(meta), "cache-control": "no-cache"}
+        if self.clock is not None:
+            headers["server-timing"] = self.clock.header(meta)  # up to the first chunk
         return headers
 
     def overhead_ms(self, meta: Mapping[str, Any]) -> float:
@@ -261,9 +268,7 @@ async def sse_response(
                 on_gone()  # the client went away: stop generating
             raise
 
-    return EventStreamResponse(
-        opening, rest(), headers={**ctx.headers(first.meta), "cache-control": "no-cache"}
-    )
+    return EventStreamResponse(opening, rest(), headers=ctx.stream_headers(first.meta))
 
 
 def _stream_error(

@@ -123,6 +123,8 @@ class _Run:
     attempts: list[Attempt] = field(default_factory=list)
     usage_total: list[Usage] = field(default_factory=list)
     backend_s: float = 0.0
+    attempt_at: float = 0.0
+    """When the current backend attempt started (``time.time()``)."""
     ttft_at: float | None = None
     deployment: str | None = None
     downgraded: bool = False
@@ -335,7 +337,7 @@ class Executor:
         delivered: Delivered,
     ) -> None:
         job = run.job
-        started = time.time()
+        started = run.attempt_at = time.time()
         got = _Streamed()
         resumed = run.ttft_at is not None
         server: str | None = None
@@ -411,7 +413,10 @@ class Executor:
         ttl_s = job.deadline - run.ttft_at + 60
         if self._marks is not None and not run.local:
             await self._marks.mark(job.request_id, ttl_s)  # before the chunk leaves the process
-        await emit(Reply(job.request_id, "chunk", data, self._route_meta(run)))
+        # Backend time to this first chunk: earlier failed attempts, and this one so far.
+        backend_ms = (run.backend_s + run.ttft_at - run.attempt_at) * 1000
+        meta = {**self._route_meta(run), "backend_ms": backend_ms}
+        await emit(Reply(job.request_id, "chunk", data, meta))
         if self._marks is not None and run.local:
             # The client is in this process: queued after the chunk, whose relay goes first.
             await self._marks.mark(job.request_id, ttl_s, wait=False)

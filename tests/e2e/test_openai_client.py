@@ -61,6 +61,13 @@ async def test_streamed_with_usage_carries_cost(stack: Stack) -> None:
         )
         request_id = raw.headers["x-request-id"]
         assert raw.headers["x-tiergate-tier"] == "small"
+        # A stream's Server-Timing covers the time to its first chunk.
+        timing = dict(part.split(";dur=") for part in raw.headers["server-timing"].split(", "))
+        stages = {name: float(ms) for name, ms in timing.items()}
+        assert {"queue", "backend", "worker", "relay", "total"} <= set(stages)
+        assert all(ms >= 0 for ms in stages.values()) and stages["backend"] > 0
+        parts = sum(ms for name, ms in stages.items() if name != "total")
+        assert abs(stages["total"] - parts) < 0.01
         text = []
         usage = None
         final_extra = None
