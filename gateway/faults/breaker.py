@@ -34,9 +34,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 __all__ = ["BreakerConfig", "BreakerState", "RedisBreaker"]
 
@@ -261,15 +262,7 @@ class RedisBreaker:
         asked = time.monotonic()
         window_ms = _ms(self.config.window_s)
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for name in names:
-                    window, open_key, tripped, _ = self._keys(name)
-                    await self._peek(
-                        keys=[open_key, tripped, window],
-                        args=[unsent[name], window_ms],
-                        client=pipe,
-                    )
-                codes = await pipe.execute()
+            codes = await self._peek_all(names, unsent, window_ms)
         except RedisError:
             for name, count in unsent.items():  # counted again with the next check
                 if count:
@@ -285,6 +278,27 @@ class RedisBreaker:
             ):
                 self._closed_until[name] = asked + view_s
         return states
+
+    async def _peek_all(
+        self, names: list[str], unsent: dict[str, int], window_ms: int
+    ) -> list[Any]:
+        """The peek script for every breaker, pipelined as plain ``EVALSHA`` (a pipeline of
+        registered scripts would ask ``SCRIPT EXISTS`` first: a second round trip each time);
+        loaded and sent again if Redis has lost it (none of them ran then)."""
+        try:
+            return await self._peek_pipelined(names, unsent, window_ms)
+        except NoScriptError:
+            await self._redis.script_load(_PEEK)
+            return await self._peek_pipelined(names, unsent, window_ms)
+
+    async def _peek_pipelined(
+        self, names: list[str], unsent: dict[str, int], window_ms: int
+    ) -> list[Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                window, open_key, tripped, _ = self._keys(name)
+                pipe.evalsha(self._peek.sha, 3, open_key, tripped, window, unsent[name], window_ms)
+            return list(await pipe.execute())
 
     async def unavailable(self, deployments: Iterable[str]) -> frozenset[str]:
         """The deployments whose breaker is open now (for the router's ``Signals.unavailable``);

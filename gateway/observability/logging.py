@@ -9,10 +9,10 @@ the fields listed in ``_RESERVED``-free extras that callers pass explicitly.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import logging
-import queue
 import sys
 import threading
 import time
@@ -67,15 +67,25 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+_LINGER_S = 0.05
+"""How long the writer gathers lines after the first one wakes it."""
+
+
 class BackgroundStreamHandler(logging.Handler):
     """Formats on the caller's thread, writes on its own: the event loop never blocks on a full
-    pipe to a log collector, and the lines queued meanwhile go out in one write. ``close``
-    (``logging.shutdown`` at exit) writes what is left."""
+    pipe to a log collector. The writer wakes at most once per ``linger_s`` while lines keep
+    coming, and writes what gathered meanwhile in one write: a line costs its caller an append,
+    not a thread wake-up (whose contention for the GIL would land on the event loop).
+    ``flush`` and ``close`` (``logging.shutdown`` at exit) write what is left at once."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, *, linger_s: float = _LINGER_S) -> None:
         super().__init__()
         self._stream = stream
-        self._lines: queue.SimpleQueue[str | threading.Event | None] = queue.SimpleQueue()
+        self._linger_s = linger_s
+        self._lines: collections.deque[str | threading.Event | None] = collections.deque()
+        self._signalled = False
+        self._wake = threading.Event()
+        self._now = threading.Event()
         self._lock_writer = threading.Lock()
         self._writer = self._start_writer()
 
@@ -92,28 +102,42 @@ class BackgroundStreamHandler(logging.Handler):
                 with self._lock_writer:
                     if not self._writer.is_alive():
                         self._writer = self._start_writer()
-            self._lines.put(self.format(record))
+            self._put(self.format(record))
         except Exception:  # noqa: BLE001 - logging's contract: a bad record never raises
             self.handleError(record)
 
+    def _put(self, item: str | threading.Event | None, *, now: bool = False) -> None:
+        self._lines.append(item)
+        if now:
+            self._now.set()
+        if now or not self._signalled:
+            self._signalled = True
+            self._wake.set()
+
     def _write(self) -> None:
         while True:
-            item = self._lines.get()
+            self._wake.wait()
+            self._now.wait(self._linger_s)  # gather more lines, unless asked to write now
+            self._wake.clear()
+            self._now.clear()
+            self._signalled = False  # a line added from here on wakes the writer again
             batch: list[str] = []
-            while isinstance(item, str):
-                batch.append(item)
-                if len(batch) >= _LOG_BATCH:
-                    break
+            while True:
                 try:
-                    item = self._lines.get_nowait()
-                except queue.Empty:
+                    item = self._lines.popleft()
+                except IndexError:
+                    item = ""
                     break
+                if not isinstance(item, str):
+                    break
+                batch.append(item)
             if batch:
                 with contextlib.suppress(OSError, ValueError):
                     self._stream.write("\n".join(batch) + "\n")
                     self._stream.flush()
             if isinstance(item, threading.Event):
                 item.set()  # a flush: everything before it is written
+                self._wake.set()  # lines after it may wait in the deque
             elif item is None:
                 return
 
@@ -121,17 +145,14 @@ class BackgroundStreamHandler(logging.Handler):
         """Wait until every line emitted so far is written."""
         if self._writer.is_alive():
             done = threading.Event()
-            self._lines.put(done)
+            self._put(done, now=True)
             done.wait(timeout=5.0)
 
     def close(self) -> None:
         if self._writer.is_alive():
-            self._lines.put(None)
+            self._put(None, now=True)
             self._writer.join(timeout=5.0)
         super().close()
-
-
-_LOG_BATCH = 512
 
 
 def configure_logging(

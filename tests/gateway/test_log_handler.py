@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
+import time
 
 from gateway.observability.logging import BackgroundStreamHandler, JsonFormatter
 
@@ -55,3 +56,47 @@ def test_lines_emitted_after_close_are_still_written() -> None:
     handler.flush()
     assert stream.getvalue() == "after close\n"
     handler.close()
+
+
+class CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def test_lines_in_quick_succession_cost_one_write_and_a_lone_line_still_goes_out() -> None:
+    stream = CountingStream()
+    handler = BackgroundStreamHandler(stream, linger_s=0.5)
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "line", None, None)
+    try:
+        for _ in range(200):  # an event loop's access lines: none wakes the writer again
+            handler.emit(record)
+        deadline = time.monotonic() + 5
+        while stream.getvalue().count("line\n") < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stream.getvalue() == "line\n" * 200  # written without a flush
+        assert stream.writes == 1
+        handler.emit(record)  # after a quiet spell, one line alone is written too
+        while stream.writes < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stream.getvalue() == "line\n" * 201
+    finally:
+        handler.close()
+
+
+def test_flush_does_not_wait_for_the_linger() -> None:
+    stream = io.StringIO()
+    handler = BackgroundStreamHandler(stream, linger_s=30)
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "now", None, None)
+    try:
+        handler.emit(record)
+        started = time.monotonic()
+        handler.flush()
+        assert stream.getvalue() == "now\n"
+        assert time.monotonic() - started < 5
+    finally:
+        handler.close()

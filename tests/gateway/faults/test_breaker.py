@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.faults.breaker import BreakerConfig, BreakerState, RedisBreaker
+from tests.support import RedisServer
 
 FAST = BreakerConfig(
     window_s=5, min_calls=4, failure_ratio=0.5, open_s=0.3, probe_timeout_s=2, closed_view_s=0
@@ -152,3 +154,26 @@ async def test_refresh_with_redis_down_raises_and_keeps_the_counted_successes() 
         assert breaker._unsent == {"d": 1}
     finally:
         await down.aclose()
+
+
+async def test_refresh_is_one_round_trip_and_survives_a_lost_script_cache(
+    tmp_path: Path, key_prefix: str
+) -> None:
+    server = RedisServer(tmp_path)  # its own: the test flushes the script cache
+    server.start()
+    r = aioredis.Redis.from_url(server.url)
+    try:
+        breaker = RedisBreaker(r, key_prefix, FAST)
+        await breaker.record("d", ok=False)
+        before = (await r.info("commandstats")).get("cmdstat_script|exists", {}).get("calls", 0)
+        states = await breaker.refresh(["d", "e"])
+        assert states == {"d": BreakerState.CLOSED, "e": BreakerState.CLOSED}
+        stats = await r.info("commandstats")
+        assert stats.get("cmdstat_script|exists", {}).get("calls", 0) == before  # no 2nd trip
+        await r.script_flush()  # as after a Redis restart
+        for _ in range(3):
+            await breaker.record("d", ok=False)
+        assert await breaker.refresh(["d"]) == {"d": BreakerState.OPEN}
+    finally:
+        await r.aclose()
+        server.stop()
