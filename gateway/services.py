@@ -395,7 +395,9 @@ async def open_services(
             edge_id=edge_id,
             auth=auth,
             queue_snapshot=snapshot,
-            rate_limits=RateLimiter(redis, settings.redis.key_prefix, rates(settings)),
+            rate_limits=RateLimiter(
+                redis, settings.redis.key_prefix, rates(settings), ledger=ledger
+            ),  # buckets rebuilt from SQL after a Redis loss
             breaker=breaker,
             breaker_watch=breaker_watch,
             rules=rules,

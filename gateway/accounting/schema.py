@@ -1,9 +1,9 @@
 """The ledger's SQL table, and the idempotent DDL that creates it.
 
 One row per authenticated request, keyed by ``request_id``; ``idempotency_key`` (indexed with the
-tenant, where set) is how a repeated request is recognised once Redis has lost its key. Money is BIGINT micro-dollars, ``NULL``
-when the price is unknown (``price_known`` false). Times are stored in UTC: ``TIMESTAMPTZ`` on
-PostgreSQL, UTC text on SQLite; both read back as aware UTC datetimes.
+tenant, where set) is how a repeated request is recognised once Redis has lost its key. Money is
+BIGINT micro-dollars, ``NULL`` when the price is unknown (``price_known`` false). Times are stored
+in UTC: ``TIMESTAMPTZ`` on PostgreSQL, UTC text on SQLite; both read back as aware UTC datetimes.
 
 Also the daily rollups (``ledger_daily``: tenant x model x tier x tag per UTC day) and the GPU
 true-up (``gpu_trueup``: what each self-hosted pool cost that day, allocated to tenants by token
