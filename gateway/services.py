@@ -268,7 +268,9 @@ async def open_services(
         replies.start()
         stack.push_async_callback(replies.aclose)
         claim_ttl = max(settings.queue.result_ttl_s, 60)
-        idempotency = Idempotency(redis, settings.redis.key_prefix, ttl_s=claim_ttl)
+        idempotency = Idempotency(  # keys lost with Redis are looked up in the ledger
+            redis, settings.redis.key_prefix, ttl_s=claim_ttl, ledger=ledger
+        )
         snapshot = QueueSnapshot(redis, redis_keys, tier_queues(settings, redis_keys))
         snapshot.start()
         stack.push_async_callback(snapshot.aclose)
