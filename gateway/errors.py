@@ -10,6 +10,7 @@ into responses.
     ├── ModelNotFound           404 model_not_found
     │   └── NotFound            404 not_found (an admin object: tenant, key)
     ├── Conflict                409 conflict (it exists already)
+    │   └── IdempotencyKeyReused 409 idempotency_key_reused: it ran, its answer is gone
     ├── PayloadTooLarge         413 request_too_large
     ├── HeadersTooLarge         431 request_headers_too_large
     ├── RateLimited             429 rate_limit_exceeded / queue_full (with Retry-After)
@@ -32,6 +33,7 @@ __all__ = [
     "DeadlineExceeded",
     "GatewayError",
     "HeadersTooLarge",
+    "IdempotencyKeyReused",
     "InvalidRequest",
     "ModelNotFound",
     "NotFound",
@@ -115,6 +117,13 @@ class Conflict(GatewayError):
     status = 409
     type = "invalid_request_error"
     code = "conflict"
+
+
+class IdempotencyKeyReused(Conflict):
+    """A request with this idempotency key ran, and its answer was lost with Redis: the repeat
+    is refused rather than run (and billed) twice."""
+
+    code = "idempotency_key_reused"
 
 
 class HeadersTooLarge(GatewayError):

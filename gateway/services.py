@@ -268,7 +268,9 @@ async def open_services(
         replies.start()
         stack.push_async_callback(replies.aclose)
         claim_ttl = max(settings.queue.result_ttl_s, 60)
-        idempotency = Idempotency(redis, settings.redis.key_prefix, ttl_s=claim_ttl)
+        idempotency = Idempotency(  # keys lost with Redis are looked up in the ledger
+            redis, settings.redis.key_prefix, ttl_s=claim_ttl, ledger=ledger
+        )
         snapshot = QueueSnapshot(redis, redis_keys, tier_queues(settings, redis_keys))
         snapshot.start()
         stack.push_async_callback(snapshot.aclose)
@@ -395,7 +397,9 @@ async def open_services(
             edge_id=edge_id,
             auth=auth,
             queue_snapshot=snapshot,
-            rate_limits=RateLimiter(redis, settings.redis.key_prefix, rates(settings)),
+            rate_limits=RateLimiter(
+                redis, settings.redis.key_prefix, rates(settings), ledger=ledger
+            ),  # buckets rebuilt from SQL after a Redis loss
             breaker=breaker,
             breaker_watch=breaker_watch,
             rules=rules,

@@ -38,6 +38,8 @@ def encode_entry(entry: LedgerEntry) -> bytes:
         "queue_ms": entry.queue_ms,
         "attempts": [a.to_dict() for a in entry.attempts],
     }
+    if entry.idempotency_key is not None:  # absent from events of older writers, and most rows
+        data["idempotency_key"] = entry.idempotency_key
     return orjson.dumps(data)
 
 
@@ -67,4 +69,5 @@ def decode_entry(raw: bytes) -> LedgerEntry:
         ttft_ms=data.get("ttft_ms"),
         queue_ms=data.get("queue_ms"),
         attempts=tuple(Attempt.from_dict(a) for a in data.get("attempts", ())),
+        idempotency_key=data.get("idempotency_key"),
     )

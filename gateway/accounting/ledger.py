@@ -103,6 +103,7 @@ def entry_to_row(entry: LedgerEntry) -> dict[str, Any]:
         "ttft_ms": entry.ttft_ms,
         "queue_ms": entry.queue_ms,
         "attempts": [a.to_dict() for a in entry.attempts],
+        "idempotency_key": entry.idempotency_key,
     }
 
 
@@ -131,6 +132,7 @@ def row_to_entry(row: RowMapping) -> LedgerEntry:
         ttft_ms=row["ttft_ms"],
         queue_ms=row["queue_ms"],
         attempts=tuple(Attempt.from_dict(a) for a in row["attempts"]),
+        idempotency_key=row["idempotency_key"],
     )
 
 
@@ -225,6 +227,44 @@ class SqlLedger:
                 return int((await conn.execute(query)).scalar_one())
             rows = await conn.execute(select(t.cost_micro_usd, t.tags).where(*where))
             return sum(int(cost or 0) for cost, tags in rows if tag in (tags or ()))
+
+    async def rate_usage(
+        self, tenant: str, start: datetime, end: datetime
+    ) -> list[tuple[datetime, int]]:
+        """``(created_at, prompt + completion tokens)`` of ``tenant``'s rows with ``start <=
+        created_at <= end``, oldest first, leaving out requests the rate limits never charged:
+        those refused before routing (no tier) and those the limits refused. What a rate-limit
+        bucket is rebuilt from after a Redis loss."""
+        t = ledger_entries.c
+        query = (
+            select(t.created_at, t.prompt_tokens + t.completion_tokens)
+            .where(
+                t.tenant == tenant,
+                t.created_at >= start,
+                t.created_at <= end,
+                t.tier.is_not(None),
+                t.outcome != "rate_limit_exceeded",
+            )
+            .order_by(t.created_at)
+        )
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(query)
+            return [(at, int(tokens or 0)) for at, tokens in rows]
+
+    async def idempotent_request(self, tenant: str, key: str, since: datetime) -> str | None:
+        """The request id of ``tenant``'s earliest row since ``since`` that ran under
+        idempotency key ``key``; ``None`` when there is none (another tenant's rows never
+        count)."""
+        t = ledger_entries.c
+        query = (
+            select(t.request_id)
+            .where(t.tenant == tenant, t.idempotency_key == key, t.created_at >= since)
+            .order_by(t.created_at)
+            .limit(1)
+        )
+        async with self._engine.connect() as conn:
+            found = (await conn.execute(query)).scalar_one_or_none()
+        return None if found is None else str(found)
 
     async def ping(self) -> None:
         async with self._engine.connect() as conn:

@@ -82,6 +82,9 @@ class LedgerEntry:
     ttft_ms: float | None = None
     queue_ms: float | None = None
     attempts: tuple[Attempt, ...] = field(default_factory=tuple)
+    idempotency_key: str | None = None
+    """The client's ``idempotency-key``, on the row of the request that ran under it (never on a
+    refusal or a repeat): how a repeat is recognised after Redis lost the key."""
 
     @property
     def cost_usd(self) -> Decimal | None:

@@ -1,8 +1,9 @@
 """The ledger's SQL table, and the idempotent DDL that creates it.
 
-One row per authenticated request, keyed by ``request_id``. Money is BIGINT micro-dollars, ``NULL``
-when the price is unknown (``price_known`` false). Times are stored in UTC: ``TIMESTAMPTZ`` on
-PostgreSQL, UTC text on SQLite; both read back as aware UTC datetimes.
+One row per authenticated request, keyed by ``request_id``; ``idempotency_key`` (indexed with the
+tenant, where set) is how a repeated request is recognised once Redis has lost its key. Money is
+BIGINT micro-dollars, ``NULL`` when the price is unknown (``price_known`` false). Times are stored
+in UTC: ``TIMESTAMPTZ`` on PostgreSQL, UTC text on SQLite; both read back as aware UTC datetimes.
 
 Also the daily rollups (``ledger_daily``: tenant x model x tier x tag per UTC day) and the GPU
 true-up (``gpu_trueup``: what each self-hosted pool cost that day, allocated to tenants by token
@@ -29,6 +30,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -110,8 +112,20 @@ ledger_entries = Table(
     Column("ttft_ms", Float),
     Column("queue_ms", Float),
     Column("attempts", _JSON, nullable=False, comment="JSON array of Attempt.to_dict() objects"),
+    Column(
+        "idempotency_key",
+        String,
+        comment="the client's idempotency-key, on the row of the request that ran under it",
+    ),
     Index(None, "tenant", "created_at"),
     Index(None, "created_at"),
+    Index(
+        None,
+        "tenant",
+        "idempotency_key",
+        sqlite_where=text("idempotency_key IS NOT NULL"),
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
 )
 
 ledger_daily = Table(

@@ -4,41 +4,130 @@ once; the repeat waits for the first one's answer and gets the same body.
 ``<p>:{idem:<tenant>}:<key>`` holds the request id of the first request (``SET NX``), and
 ``…:result`` its final reply once its worker has one; both expire after ``ttl_s``. The repeat is
 never queued, so the backend is called once and the ledger has the first request's row only.
+
+After a Redis loss the keys are gone, so the ledger is asked instead: the row of a request that
+ran carries its key (``ledger_entries.idempotency_key``). To keep SQL off the request path, the
+tenant's marker ``<p>:{idem:<tenant>}`` (no key suffix, so no client key can name it) holds the
+time since which this Redis has remembered the tenant's keys. A key missing while that time is
+less than ``ttl_s`` ago may have been lost: the claim script then claims nothing and the ledger
+is asked once for that key. A row found there (the tenant's own, within ``ttl_s``) means the
+request ran; its answer went with Redis, so the repeat is refused with 409
+``idempotency_key_reused`` naming the first request id, and the key is put back in Redis with a
+marker in place of the answer, so later repeats are refused without SQL. No row: claimed as usual.
+If SQL cannot answer then, the request is refused with 503 (never run twice for want of it).
+A request that ran during the loss but was not yet in SQL when its repeat came is the gap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
 import orjson
 import redis.asyncio as aioredis
+from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.errors import DeadlineExceeded
+from gateway.errors import DeadlineExceeded, IdempotencyKeyReused, ServiceUnavailable
 from gateway.queue.jobs import Reply
 
-__all__ = ["Idempotency"]
+__all__ = ["Idempotency", "IdempotencySource"]
 
 _POLL_S = 0.02
+LOOKUP_TIMEOUT_S = 2.0
+"""How long the ledger may take to say whether a key was used, before the request gets 503."""
+MARKER_TTL_S = 7 * 86_400
+"""How long a tenant's marker outlives its last keyed request (then: as after a loss)."""
+
+_CLAIM = """
+local now = tonumber(redis.call('TIME')[1])
+local ttl = tonumber(ARGV[2])
+local lost = false
+if ARGV[3] == '1' then
+  local since = redis.call('GET', KEYS[2])
+  if since then
+    redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
+    lost = now - tonumber(since) < ttl
+  else
+    redis.call('SET', KEYS[2], now, 'EX', tonumber(ARGV[4]))
+    lost = true
+  end
+end
+local first = redis.call('GET', KEYS[1])
+if first then return {0, first} end
+if lost then return {2, ''} end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
+return {1, ''}
+"""
+
+
+class IdempotencySource(Protocol):
+    """Where a lost key is looked up (``SqlLedger.idempotent_request``)."""
+
+    async def idempotent_request(self, tenant: str, key: str, since: datetime) -> str | None: ...
 
 
 class Idempotency:
-    def __init__(self, redis: aioredis.Redis, prefix: str, *, ttl_s: int) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        prefix: str,
+        *,
+        ttl_s: int,
+        ledger: IdempotencySource | None = None,
+    ) -> None:
+        """``ledger``: where keys lost with Redis are looked up (none: a lost key is new)."""
         self._redis = redis
         self._prefix = prefix
         self._ttl_s = ttl_s
+        self._ledger = ledger
+        self._claim = redis.register_script(_CLAIM)
 
     def _key(self, tenant: str, key: str) -> str:
         return f"{self._prefix}:{{idem:{tenant}}}:{key}"
 
+    def _since(self, tenant: str) -> str:
+        return f"{self._prefix}:{{idem:{tenant}}}"
+
     async def claim(self, tenant: str, key: str, request_id: str) -> str | None:
-        """``None`` when this request is the first with ``key``; else the first one's id."""
+        """``None`` when this request is the first with ``key``; else the first one's id.
+        Raises ``IdempotencyKeyReused`` when the ledger shows the key ran before Redis lost
+        it, and ``ServiceUnavailable`` when the ledger cannot say."""
         name = self._key(tenant, key)
+        check = "1" if self._ledger is not None else "0"
+        status, first = await self._claim(
+            keys=[name, self._since(tenant)], args=[request_id, self._ttl_s, check, MARKER_TTL_S]
+        )
+        if int(status) == 1:
+            return None
+        if int(status) == 0:
+            return _text(first)
+        ran = await self._lookup(tenant, key)
+        if ran is not None:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(name, ran, nx=True, ex=self._ttl_s)
+                pipe.set(name + ":result", orjson.dumps({"reused": ran}), nx=True, ex=self._ttl_s)
+                await pipe.execute()
+            raise self._reused(ran)
         if await self._redis.set(name, request_id, nx=True, ex=self._ttl_s):
             return None
-        first: Any = await self._redis.get(name)
-        return first.decode() if isinstance(first, bytes) else str(first)
+        return _text(await self._redis.get(name))  # another request claimed it meanwhile
+
+    async def _lookup(self, tenant: str, key: str) -> str | None:
+        assert self._ledger is not None
+        since = datetime.now(UTC) - timedelta(seconds=self._ttl_s)
+        try:
+            async with asyncio.timeout(LOOKUP_TIMEOUT_S):
+                return await self._ledger.idempotent_request(tenant, key, since)
+        except (SQLAlchemyError, OSError, TimeoutError) as exc:
+            raise ServiceUnavailable(f"idempotency keys unavailable: {type(exc).__name__}") from exc
+
+    def _reused(self, first: str) -> IdempotencyKeyReused:
+        return IdempotencyKeyReused(
+            f"this idempotency key was used by request {first} in the last {self._ttl_s} s; "
+            "its answer is no longer available, and the request is not run again"
+        )
 
     async def store(self, tenant: str, key: str, reply: Reply) -> None:
         payload = orjson.dumps(
@@ -47,13 +136,20 @@ class Idempotency:
         await self._redis.set(self._key(tenant, key) + ":result", payload, ex=self._ttl_s)
 
     async def wait(self, tenant: str, key: str, deadline: float) -> Reply:
-        """The first request's final reply, once there; ``DeadlineExceeded`` at ``deadline``."""
+        """The first request's final reply, once there; ``DeadlineExceeded`` at ``deadline``;
+        ``IdempotencyKeyReused`` when the first one's answer was lost with Redis."""
         name = self._key(tenant, key) + ":result"
         while True:
             raw: Any = await self._redis.get(name)
             if raw is not None:
                 data = orjson.loads(raw)
+                if "reused" in data:
+                    raise self._reused(str(data["reused"]))
                 return Reply(data["r"], data["k"], data["d"], data["m"])
             if time.time() >= deadline:
                 raise DeadlineExceeded("the first request with this idempotency key did not finish")
             await asyncio.sleep(_POLL_S)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -185,7 +185,8 @@ class Dispatcher:
             log.warning("could not stop an abandoned job: %r", task.exception())
 
     async def _replay(self, job: Job, key: str) -> AsyncIterator[Reply]:
-        """A repeat's answer: the first request's final reply (never queued, never booked)."""
+        """A repeat's answer: the first request's final reply (never queued, never booked); a
+        refusal (the first's answer was lost with Redis: 409) is booked by the edge."""
         assert self._idempotency is not None
         try:
             reply = await self._idempotency.wait(job.tenant, key, job.deadline)

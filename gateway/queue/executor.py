@@ -654,6 +654,7 @@ class Executor:
             ttft_ms=None if run.ttft_at is None else (run.ttft_at - job.received_at) * 1000,
             queue_ms=(run.picked_at - job.enqueued_at) * 1000,
             attempts=tuple(run.attempts),
+            idempotency_key=None if job.stream else job.idempotency_key,  # it ran under the key
         )
 
     def _costs(self, job: Job, run: _Run) -> tuple[int | None, int | None, bool]:

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, inspect, text
+from sqlalchemy import Column, Connection, Index, MetaData, Table, inspect, text
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from gateway.accounting import SqlLedger
+from gateway.accounting.ledger import entry_to_row
 from gateway.accounting.migrate import (
     HEAD_REVISION,
     VERSION_TABLE,
     current_revision,
     head_revision,
 )
+from gateway.accounting.migrate import _config as migrate_config
 from gateway.accounting.schema import ledger_entries, metadata
-from tests.gateway.accounting.factories import make_entry
+from tests.gateway.accounting.factories import T0, make_entry
 
 
 def _diff(connection: Connection) -> list[Any]:
@@ -34,18 +39,56 @@ def test_head_revision_constant_is_alembics_head() -> None:
     assert head_revision() == HEAD_REVISION
 
 
-async def test_a_database_behind_head_is_upgraded(db_url: str) -> None:
+def _skeleton() -> Table:
+    """``ledger_entries`` as revisions 0001 and 0002 have it (before ``idempotency_key``)."""
+    table = Table(
+        "ledger_entries",
+        MetaData(naming_convention=metadata.naming_convention),
+        *(
+            Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+            for c in ledger_entries.columns
+            if c.name != "idempotency_key"
+        ),
+    )
+    Index(None, table.c.tenant, table.c.created_at)
+    Index(None, table.c.created_at)
+    return table
+
+
+def _old_row(table: Table, request_id: str) -> dict[str, Any]:
+    row = entry_to_row(make_entry(request_id))
+    return {k: v for k, v in row.items() if k in table.c}
+
+
+def _upgrade_to(connection: Connection, revision: str) -> None:
+    command.upgrade(migrate_config(connection), revision)
+
+
+@pytest.mark.parametrize("start", ["0001", "0002"])
+async def test_a_database_behind_head_is_upgraded_and_keeps_its_rows(
+    db_url: str, start: str
+) -> None:
+    old = await SqlLedger.connect(db_url, migrate=False)
+    try:
+        await _drop_everything(old)
+        skeleton = _skeleton()
+        async with old.engine.begin() as conn:
+            await conn.run_sync(_upgrade_to, start)
+            await conn.execute(skeleton.insert(), [_old_row(skeleton, "before")])
+    finally:
+        await old.aclose()
     ledger = await SqlLedger.connect(db_url)
     try:
-        async with ledger.engine.begin() as conn:
-            await conn.execute(text("DROP TABLE IF EXISTS gpu_trueup"))
-            await conn.execute(text("DROP TABLE IF EXISTS ledger_daily"))
-            await conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = '0001'"))
-        await ledger.migrate()
         async with ledger.engine.connect() as conn:
             assert await current_revision(conn) == HEAD_REVISION
             tables = set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
             assert {"ledger_daily", "gpu_trueup"} <= tables
+            assert await conn.run_sync(_diff) == []
+        before = await ledger.get("before")
+        assert before is not None and before.idempotency_key is None
+        keyed = make_entry("after", idempotency_key="k-1", created_at=T0 + timedelta(seconds=1))
+        assert await ledger.record(keyed)
+        assert await ledger.idempotent_request("acme", "k-1", T0) == "after"
     finally:
         await ledger.aclose()
 
@@ -73,11 +116,12 @@ async def test_pre_alembic_database_is_stamped_and_upgraded(db_url: str) -> None
     try:
         await _drop_everything(old)
         # The skeleton's DDL, as it created databases before Alembic.
+        skeleton = _skeleton()
         async with old.engine.begin() as conn:
-            await conn.execute(CreateTable(ledger_entries))
-            for index in ledger_entries.indexes:
+            await conn.execute(CreateTable(skeleton))
+            for index in skeleton.indexes:
                 await conn.execute(CreateIndex(index))
-        assert await old.record(make_entry("before-alembic"))
+            await conn.execute(skeleton.insert(), [_old_row(skeleton, "before-alembic")])
     finally:
         await old.aclose()
     upgraded = await SqlLedger.connect(db_url)

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import func, inspect, select, text
 
 from gateway.accounting import Attempt, SqlLedger
+from gateway.accounting.events import decode_entry, encode_entry
 from gateway.accounting.schema import ledger_entries
 
 from .conftest import BACKENDS
@@ -38,7 +39,9 @@ async def test_round_trip_keeps_every_field(ledger: SqlLedger) -> None:
             Attempt("llama-3.1-70b-instruct", "timeout", 3000.0, error="read timeout"),
             Attempt("llama-3.1-8b-instruct", "ok", 12.5, 100, 20),
         ),
+        idempotency_key="order-42",
     )
+    assert decode_entry(encode_entry(entry)) == entry  # the sink's event carries every field
     assert await ledger.record(entry)
     got = await ledger.get("req-1")
     assert got is not None

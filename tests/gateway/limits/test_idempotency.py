@@ -1,17 +1,27 @@
-"""Idempotency keys end to end through two edges and a worker: a repeat runs nothing."""
+"""Idempotency keys end to end through two edges and a worker: a repeat runs nothing; after a
+Redis loss, a repeat of a request that ran is recognised from the SQL ledger and refused."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
-from gateway.limits.idempotency import Idempotency
+from gateway.accounting import SqlLedger
+from gateway.errors import IdempotencyKeyReused, ServiceUnavailable
+from gateway.limits.idempotency import Idempotency, IdempotencySource
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.keys import RedisKeys
 from gateway.queue.replies import ReplyRouter
+from tests.gateway.accounting.factories import make_entry
+from tests.gateway.limits.conftest import lose_redis
 from tests.gateway.queue.conftest import Collect, Edge, job, start_node
+from tests.support import free_port
 
 
 async def test_a_repeat_gets_the_first_answer_and_runs_nothing(
@@ -54,3 +64,84 @@ async def test_a_repeat_gets_the_first_answer_and_runs_nothing(
     assert len(sim.served) == 2  # k-1 once, k-2 once
     booked_ids = sorted(e.request_id for e in booked.entries)
     assert booked_ids in (["r1", "r3"], ["r2", "r3"])
+    # the rows of the requests that ran carry their keys (how a repeat is known after a loss)
+    assert sorted(str(e.idempotency_key) for e in booked.entries) == ["k-1", "k-2"]
+
+
+# --- after a Redis loss: keys recognised from the SQL ledger ----------------------------------
+
+
+class CountingLookups:
+    """The real ledger, with its key lookups counted."""
+
+    def __init__(self, ledger: IdempotencySource) -> None:
+        self.ledger = ledger
+        self.calls = 0
+
+    async def idempotent_request(self, tenant: str, key: str, since: datetime) -> str | None:
+        self.calls += 1
+        return await self.ledger.idempotent_request(tenant, key, since)
+
+
+async def _ran(ledger: SqlLedger, request_id: str, key: str, *, ago_s: float, **kw: Any) -> None:
+    at = datetime.now(UTC) - timedelta(seconds=ago_s)
+    assert await ledger.record(make_entry(request_id, created_at=at, idempotency_key=key, **kw))
+
+
+async def test_after_a_redis_loss_a_key_that_ran_is_refused_not_run_again(
+    redis_conn: aioredis.Redis, key_prefix: str, sql_ledger: SqlLedger
+) -> None:
+    lookups = CountingLookups(sql_ledger)
+    idem = Idempotency(redis_conn, key_prefix, ttl_s=300, ledger=lookups)
+    assert await idem.claim("acme", "k-1", "req_first") is None
+    # it ran and was booked; then Redis lost everything
+    await _ran(sql_ledger, "req_first", "k-1", ago_s=5)
+    await _ran(sql_ledger, "req_old", "k-old", ago_s=400)  # before the key's lifetime
+    await _ran(sql_ledger, "req_globex", "k-2", ago_s=5, tenant="globex")
+    await lose_redis(redis_conn, key_prefix)
+    calls = lookups.calls
+
+    with pytest.raises(IdempotencyKeyReused, match="req_first") as refused:
+        await idem.claim("acme", "k-1", "req_repeat")
+    assert refused.value.status == 409 and refused.value.code == "idempotency_key_reused"
+    assert lookups.calls == calls + 1
+    # the key is back in Redis: the next repeat is refused without SQL
+    assert await idem.claim("acme", "k-1", "req_repeat2") == "req_first"
+    with pytest.raises(IdempotencyKeyReused, match="req_first"):
+        await idem.wait("acme", "k-1", deadline=time.time() + 1)
+    assert lookups.calls == calls + 1
+
+    # a key older than its lifetime, and another tenant's key, are new: claimed and run
+    assert await idem.claim("acme", "k-old", "req_new") is None
+    assert await idem.claim("acme", "k-2", "req_mine") is None  # globex's k-2 is not acme's
+    assert await idem.claim("acme", "k-2", "req_again") == "req_mine"
+
+
+async def test_no_sql_while_redis_remembers_the_whole_key_lifetime(
+    redis_conn: aioredis.Redis, key_prefix: str, sql_ledger: SqlLedger
+) -> None:
+    lookups = CountingLookups(sql_ledger)
+    idem = Idempotency(redis_conn, key_prefix, ttl_s=60, ledger=lookups)
+    assert await idem.claim("acme", "k-1", "r1") is None  # first ever: looked up once
+    assert lookups.calls == 1
+    # Redis has remembered acme's keys for longer than a key lives: a missing key is new
+    await redis_conn.set(idem._since("acme"), int(time.time()) - 61)
+    for i in range(5):
+        assert await idem.claim("acme", f"fresh-{i}", f"r{i}") is None
+    assert await idem.claim("acme", "fresh-0", "r9") == "r0"
+    assert lookups.calls == 1
+
+
+async def test_sql_down_after_a_loss_answers_503_and_claims_nothing(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    down = await SqlLedger.connect(
+        f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/test", migrate=False
+    )
+    try:
+        idem = Idempotency(redis_conn, key_prefix, ttl_s=60, ledger=down)
+        with pytest.raises(ServiceUnavailable):
+            await idem.claim("acme", "k-1", "r1")
+        assert await redis_conn.get(idem._key("acme", "k-1")) is None
+    finally:
+        await down.aclose()
