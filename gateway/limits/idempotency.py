@@ -1,8 +1,9 @@
 """Idempotency keys: a repeated non-streamed request (same tenant, same ``idempotency-key``) runs
 once; the repeat waits for the first one's answer and gets the same body.
 
-``<p>:{idem:<tenant>}:<key>`` holds the request id of the first request (``SET NX``), and
-``…:result`` its final reply once its worker has one; both expire after ``ttl_s``. The repeat is
+``<p>:{idem:<tenant>}:k:<key>`` holds the request id of the first request (``SET NX``), and
+``<p>:{idem:<tenant>}:r:<key>`` its final reply once its worker has one (apart, so that no
+client key can name another key's reply); both expire after ``ttl_s``. The repeat is
 never queued, so the backend is called once and the ledger has the first request's row only.
 
 After a Redis loss the keys are gone, so the ledger is asked instead: the row of a request that
@@ -85,7 +86,10 @@ class Idempotency:
         self._claim = redis.register_script(_CLAIM)
 
     def _key(self, tenant: str, key: str) -> str:
-        return f"{self._prefix}:{{idem:{tenant}}}:{key}"
+        return f"{self._prefix}:{{idem:{tenant}}}:k:{key}"
+
+    def _result_key(self, tenant: str, key: str) -> str:
+        return f"{self._prefix}:{{idem:{tenant}}}:r:{key}"
 
     def _since(self, tenant: str) -> str:
         return f"{self._prefix}:{{idem:{tenant}}}"
@@ -107,7 +111,12 @@ class Idempotency:
         if ran is not None:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.set(name, ran, nx=True, ex=self._ttl_s)
-                pipe.set(name + ":result", orjson.dumps({"reused": ran}), nx=True, ex=self._ttl_s)
+                pipe.set(
+                    self._result_key(tenant, key),
+                    orjson.dumps({"reused": ran}),
+                    nx=True,
+                    ex=self._ttl_s,
+                )
                 await pipe.execute()
             raise self._reused(ran)
         if await self._redis.set(name, request_id, nx=True, ex=self._ttl_s):
@@ -133,12 +142,12 @@ class Idempotency:
         payload = orjson.dumps(
             {"r": reply.request_id, "k": reply.kind, "d": reply.data, "m": reply.meta}
         )
-        await self._redis.set(self._key(tenant, key) + ":result", payload, ex=self._ttl_s)
+        await self._redis.set(self._result_key(tenant, key), payload, ex=self._ttl_s)
 
     async def wait(self, tenant: str, key: str, deadline: float) -> Reply:
         """The first request's final reply, once there; ``DeadlineExceeded`` at ``deadline``;
         ``IdempotencyKeyReused`` when the first one's answer was lost with Redis."""
-        name = self._key(tenant, key) + ":result"
+        name = self._result_key(tenant, key)
         while True:
             raw: Any = await self._redis.get(name)
             if raw is not None:

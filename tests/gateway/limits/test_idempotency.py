@@ -16,6 +16,7 @@ from gateway.accounting import SqlLedger
 from gateway.errors import IdempotencyKeyReused, ServiceUnavailable
 from gateway.limits.idempotency import Idempotency, IdempotencySource
 from gateway.queue.dispatcher import Dispatcher
+from gateway.queue.jobs import Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.replies import ReplyRouter
 from tests.gateway.accounting.factories import make_entry
@@ -145,3 +146,15 @@ async def test_sql_down_after_a_loss_answers_503_and_claims_nothing(
         assert await redis_conn.get(idem._key("acme", "k-1")) is None
     finally:
         await down.aclose()
+
+
+async def test_a_key_cannot_name_another_keys_stored_answer(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    idem = Idempotency(redis_conn, key_prefix, ttl_s=60)
+    assert await idem.claim("acme", "abc", "req_1") is None  # the first: runs
+    await idem.store("acme", "abc", Reply("req_1", "result", {"answer": 1}, {}))
+    # A client key that spells the first key's answer is a new key of its own.
+    assert await idem.claim("acme", "abc:result", "req_2") is None
+    assert await idem.claim("acme", "r:abc", "req_3") is None
+    assert await idem.claim("acme", "abc", "req_4") == "req_1"
