@@ -63,6 +63,12 @@ return {1, ''}
 """
 
 
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class IdempotencySource(Protocol):
     """Where a lost key is looked up (``SqlLedger.idempotent_request``)."""
 
@@ -84,6 +90,7 @@ class Idempotency:
         self._ttl_s = ttl_s
         self._ledger = ledger
         self._claim = redis.register_script(_CLAIM)
+        self._release = redis.register_script(_RELEASE)
 
     def _key(self, tenant: str, key: str) -> str:
         return f"{self._prefix}:{{idem:{tenant}}}:k:{key}"
@@ -122,6 +129,12 @@ class Idempotency:
         if await self._redis.set(name, request_id, nx=True, ex=self._ttl_s):
             return None
         return _text(await self._redis.get(name))  # another request claimed it meanwhile
+
+    async def release(self, tenant: str, key: str, request_id: str) -> None:
+        """Give ``key`` up when the request that claimed it was refused before it could run
+        (its queue full, say): a retry with the key then runs, instead of waiting for an answer
+        that will never come. Only ``request_id``'s own claim is removed."""
+        await self._release(keys=[self._key(tenant, key)], args=[request_id])
 
     async def _lookup(self, tenant: str, key: str) -> str | None:
         assert self._ledger is not None

@@ -12,6 +12,7 @@ by it directly (``Worker.start_now``): no wait in a stream, no reply stream, and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -80,15 +81,24 @@ class Dispatcher:
     async def submit(self, job: Job) -> AsyncIterator[Reply]:
         """Queue ``job`` and return its replies, in order. Raises ``RateLimited`` when the tier's
         queue is full and ``ServiceUnavailable`` when Redis cannot be used."""
-        if self._idempotency is not None and job.idempotency_key and not job.stream:
-            try:
-                first = await self._idempotency.claim(
-                    job.tenant, job.idempotency_key, job.request_id
-                )
-            except (RedisError, OSError) as exc:
-                raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
-            if first is not None:
-                return self._replay(job, job.idempotency_key)
+        idempotency, key = self._idempotency, job.idempotency_key
+        if idempotency is None or not key or job.stream:
+            return await self._submit(job)
+        try:
+            first = await idempotency.claim(job.tenant, key, job.request_id)
+        except (RedisError, OSError) as exc:
+            raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
+        if first is not None:
+            return self._replay(job, key)
+        try:
+            return await self._submit(job)
+        except BaseException:
+            # Refused before it could run: the key is free for a retry.
+            with contextlib.suppress(RedisError, OSError):
+                await idempotency.release(job.tenant, key, job.request_id)
+            raise
+
+    async def _submit(self, job: Job) -> AsyncIterator[Reply]:
         if self._local is not None:
             local: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
             try:

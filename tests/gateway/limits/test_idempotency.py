@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.accounting import SqlLedger
-from gateway.errors import IdempotencyKeyReused, ServiceUnavailable
+from gateway.errors import IdempotencyKeyReused, RateLimited, ServiceUnavailable
 from gateway.limits.idempotency import Idempotency, IdempotencySource
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.jobs import Reply
@@ -158,3 +158,20 @@ async def test_a_key_cannot_name_another_keys_stored_answer(
     assert await idem.claim("acme", "abc:result", "req_2") is None
     assert await idem.claim("acme", "r:abc", "req_3") is None
     assert await idem.claim("acme", "abc", "req_4") == "req_1"
+
+
+async def test_a_keyed_request_refused_before_it_ran_frees_its_key(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    keys = RedisKeys(key_prefix)
+    idem = Idempotency(redis_conn, key_prefix, ttl_s=60)
+    replies = ReplyRouter(redis_conn, keys.replies("e1"), block_ms=200)
+    full = Dispatcher(redis_conn, keys, replies, max_depth=0, claim_ttl_s=60, idempotency=idem)
+    refused = dataclasses.replace(job("r1", "e1"), idempotency_key="k-1")
+    with pytest.raises(RateLimited):  # queue_full
+        await full.submit(refused)
+    # The retry is a first request again (it would have waited for an answer never coming).
+    assert await idem.claim(refused.tenant, "k-1", "r2") is None
+    # A release never removes another request's claim.
+    await idem.release(refused.tenant, "k-1", "r1")
+    assert await idem.claim(refused.tenant, "k-1", "r3") == "r2"
