@@ -168,13 +168,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
     _bars(
         axes[0][0], gateways, "closed_loop", "added latency, closed loop (ms)",
         lambda p: [p["added_latency_ms"]["p50"], p["added_latency_ms"]["p99"]],
-        lambda p: [f"c={p['concurrency']}\np50", f"c={p['concurrency']}\np99"],
+        lambda p: [f"c={p['concurrency']}\np50", f"c={p['concurrency']}\np99"], log=True,
     )  # fmt: skip
     _rates(axes[0][1], gateways, results["comparison"]["p99_budget_ms"])
     _bars(
         axes[1][0], gateways, "streaming", "streaming: added TTFT p50 and gap p99 (ms)",
         lambda p: [p["added_ttft_ms"]["p50"], p["through"]["added_gap_ms"]["p99"]],
-        lambda p: [f"{p['concurrency']} str.\nTTFT", f"{p['concurrency']} str.\ngap"],
+        lambda p: [f"{p['concurrency']} str.\nTTFT", f"{p['concurrency']} str.\ngap"], log=True,
     )  # fmt: skip
     _bars(
         axes[1][1], gateways, "closed_loop", "gateway CPU per request (ms)",
@@ -200,6 +200,8 @@ def _bars(
     title: str,
     values: Callable[[dict[str, Any]], list[float | None]],
     labels: Callable[[dict[str, Any]], list[str]],
+    *,
+    log: bool = False,
 ) -> None:
     ax.set_title(title, fontsize=10)
     width = 0.8 / max(1, len(gateways))
@@ -210,7 +212,9 @@ def _bars(
         ax.bar(xs, ys, width, label=LABELS.get(name, name))
         ticks = ticks or [t for p in view.get(section) or [] for t in labels(p)]
     ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
-    ax.set_ylabel("ms")
+    ax.set_ylabel("ms (log)" if log else "ms")
+    if log:  # one gateway's figures can be a hundred times the other's
+        ax.set_yscale("symlog", linthresh=10)
     ax.legend(fontsize=8)
 
 
