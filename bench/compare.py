@@ -130,12 +130,6 @@ class LiteLLMProxy:
         pid = self.proc.popen.pid if self.proc is not None else None
         return Gateway(Target("litellm", url, headers, MODEL, self.completion_tokens), pid)
 
-    def version(self) -> str:
-        python = self.binary.parent / "python"
-        code = "import importlib.metadata as m; print(m.version('litellm'))"
-        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
-        return done.stdout.strip() or "unknown"
-
 
 def litellm_binary(args: argparse.Namespace) -> Path:
     binary: Path = args.litellm or LITELLM_VENV / "bin" / "litellm"
@@ -144,6 +138,15 @@ def litellm_binary(args: argparse.Namespace) -> Path:
             f"{binary} not found: `make bench-compare` creates LiteLLM's virtualenv (docs/bench.md)"
         )
     return binary
+
+
+def litellm_version(binary: Path) -> str:
+    """The version installed beside ``binary`` (its virtualenv's Python)."""
+    code = "import importlib.metadata as m; print(m.version('litellm'))"
+    done = subprocess.run(
+        [str(binary.parent / "python"), "-c", code], capture_output=True, text=True
+    )
+    return done.stdout.strip() or "unknown"
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -238,7 +241,7 @@ async def measure(
 async def run(args: argparse.Namespace, pin: dict[str, Any]) -> dict[str, Any]:
     binary = litellm_binary(args)
     started = time.perf_counter()
-    version = LiteLLMProxy(binary, ROOT, ()).version()
+    version = litellm_version(binary)
     if version != LITELLM_PIN:
         print(f"WARNING: LiteLLM {version}, not the pinned {LITELLM_PIN}", flush=True)
     results: dict[str, Any] = {"environment": environment(args, pin, version)}
