@@ -182,9 +182,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
         lambda p: [f"c={p['concurrency']}"],
     )  # fmt: skip
     env = results["environment"]
+    label = f"\n{results['label']}" if results.get("label") else ""
     fig.suptitle(
         f"tiergate vs LiteLLM proxy {env['gateways']['litellm']['version']}, added to a direct "
-        f"call — {env['commit'][:10]} — {env['date']} — {env['cpus']} x {env['cpu']}",
+        f"call — {env['commit'][:10]} — {env['date']} — {env['cpus']} x {env['cpu']}{label}",
         fontsize=9,
     )
     fig.tight_layout()
