@@ -4,10 +4,10 @@ LiteLLM's proxy, in alternating blocks, both gateways pinned to the same core (o
 time, the other idle). Each gateway's figures as ``overhead.json`` has them, and their ratios.
 See docs/bench.md ("tiergate against LiteLLM's proxy").
 
-    make bench-compare                              # creates bench/.venv-litellm first; ~10 min
-    .venv/bin/python -m bench.compare               # the same, once that virtualenv exists
-    .venv/bin/python -m bench.compare --point-s 3 --rates 100 200 --stream-point-s 5 \\
-        --out /tmp/compare.json                     # ~3 min, for a look
+    make bench-compare                      # ~7 min (the first time ~3 more: bench/.venv-litellm)
+    .venv/bin/python -m bench.compare       # the same, once that virtualenv exists
+    .venv/bin/python -m bench.compare --point-s 3 --stream-point-s 5 \\
+        --out "$(mktemp -d)/compare.json" --label "a look"      # ~3 min
 
 LiteLLM's proxy comes from its own virtualenv (``bench/litellm-proxy.txt``, hash-pinned), never
 the project's. Writes ``bench/results/compare.json`` and ``compare.png`` and prints the table.
