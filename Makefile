@@ -10,7 +10,7 @@ endif
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tiergate-installed
 
-.PHONY: setup demo test test-slow check lint typecheck format bench clean
+.PHONY: setup demo test test-slow check lint typecheck format bench bench-compare clean
 
 setup: $(STAMP)
 
@@ -45,6 +45,19 @@ format: setup
 # The overhead bench (docs/bench.md): ~15 min; BENCH_ARGS="--soak-s 60 --point-s 5" for a shorter run.
 bench: setup
 	$(BIN)/python -m bench.overhead $(BENCH_ARGS)
+
+# LiteLLM's proxy for bench-compare, in a virtualenv of its own from a hash-pinned file (never
+# in the project's environment).
+LITELLM_VENV := bench/.venv-litellm
+$(LITELLM_VENV)/.installed: bench/litellm-proxy.txt
+	@test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r bench/litellm-proxy.txt
+	@touch $@
+
+# tiergate against LiteLLM's proxy, same load, one run (docs/bench.md): ~7 min, plus ~3 min
+# the first time to create LiteLLM's virtualenv. BENCH_ARGS="--point-s 3" for a shorter run.
+bench-compare: setup $(LITELLM_VENV)/.installed
+	$(BIN)/python -m bench.compare $(BENCH_ARGS)
 
 clean:
 	rm -rf var/ .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,8 @@
 """The overhead bench's load generator: asyncio + aiohttp, keep-alive connections, one target at a
 time. A *target* is an OpenAI-compatible chat endpoint (the simulator directly, or a gateway in
-front of it). A *block* is a short burst of load against one target; ``bench.overhead`` runs
-blocks alternately against the direct and the through target.
+front of it). A *block* is a short burst of load against one target; ``bench.points`` runs
+blocks alternately against the direct target and the gateways (``bench.overhead``: tiergate;
+``bench.compare``: tiergate and LiteLLM's proxy).
 
 - ``closed_block``: ``concurrency`` workers, each sending its next request when the last one
   is answered (at most ``concurrency`` keep-alive connections);
@@ -45,7 +46,7 @@ TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=5)
 @dataclass(frozen=True)
 class Target:
     name: str
-    """``direct`` or ``through``."""
+    """``direct``, or the gateway's name (``through`` in the overhead bench)."""
     url: str
     """The chat-completions URL."""
     headers: Mapping[str, str]

@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,18 +40,11 @@ from backends.sim import PROFILES  # noqa: E402
 from backends.sim.answers import answer_pieces  # noqa: E402
 from backends.sim.request import parse_chat_request  # noqa: E402
 from backends.sim.tokens import prompt_tokens  # noqa: E402
-from bench import overhead_report  # noqa: E402
-from bench.loadgen import (  # noqa: E402
-    Block,
-    StreamBlock,
-    Target,
-    closed_block,
-    new_session,
-    open_block,
-    pct,
-    stream_block,
-)
+from bench import overhead_report, phases  # noqa: E402
+from bench.loadgen import Target, new_session, open_block  # noqa: E402
 from bench.machine import run_identity  # noqa: E402
+from bench.phases import Prompts  # noqa: E402
+from bench.points import Gateway, dist_ms, proc_cpu_s, proc_rss_mb  # noqa: E402
 from tests.support import (  # noqa: E402
     TEST_KEYS,
     Proc,
@@ -72,14 +65,6 @@ SLOTS = 256
 neither ever queues for a slot and the comparison is of the request path alone."""
 RULE_FILES = ("pii-on-prem.yaml", "code-review.yaml")
 """Applied to the bench tenant: four rules (two regex scans) that do not fire on its prompts."""
-METRICS = (
-    "tiergate_overhead_seconds",
-    "tiergate_route_decision_seconds",
-    "tiergate_queue_wait_seconds",
-    "tiergate_request_duration_seconds",
-    "tiergate_time_to_first_token_seconds",
-    "tiergate_inter_token_latency_seconds",
-)
 NOTES = (
     "the report lists each region with its sales for the quarter and notes where the numbers "
     "went up or down compared with last year while the team also wrote about staffing new "
@@ -90,13 +75,13 @@ WORDS = tuple(NOTES.split())
 # --- prompts ------------------------------------------------------------------------------
 
 
-def make_prompts(count: int, tokens: int, answer_tokens: int) -> list[list[dict[str, str]]]:
+def make_prompts(count: int, tokens: int, answer_tokens: int) -> Prompts:
     """``count`` distinct chats of exactly ``tokens`` prompt tokens (the simulator's rule) whose
     natural answer is at least ``answer_tokens`` long, so ``max_tokens`` is what ends it."""
     profile = PROFILES[MODEL]
     lengths = {"min_tokens": profile.min_output_tokens, "max_tokens": profile.max_output_tokens}
     rng = random.Random(7)
-    prompts: list[list[dict[str, str]]] = []
+    prompts: Prompts = []
     serial = 0
     while len(prompts) < count:
         serial += 1
@@ -120,29 +105,6 @@ def make_prompts(count: int, tokens: int, answer_tokens: int) -> list[list[dict[
 
 
 # --- processes ----------------------------------------------------------------------------
-
-
-def proc_cpu_s(pid: int | None) -> float | None:
-    """utime + stime of ``pid`` (all its threads), seconds."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_rss_mb(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def pinning(args: argparse.Namespace) -> dict[str, Any]:
@@ -259,6 +221,12 @@ class Stack:
             return url
         return f"http://127.0.0.1:{self.admin_port}/metrics"
 
+    def under_test(self, name: str = "through") -> Gateway:
+        """The gateway under test (tiergate, or ``--through-url``'s), its target named ``name``."""
+        target = self.through()
+        target = Target(name, target.url, target.headers, target.model, target.completion_tokens)
+        return Gateway(target, self.gateway_pid, self.metrics_url())
+
     def close(self) -> None:
         for proc in (self.gateway, self.sim):  # both at once: the gateway drains for a second
             if proc is not None and proc.popen.poll() is None:
@@ -281,7 +249,7 @@ class Stack:
             client.close()
 
 
-async def prepare_tiergate(stack: Stack, prompts: list[list[dict[str, str]]]) -> None:
+async def prepare_tiergate(stack: Stack, prompts: Prompts) -> None:
     """Apply the bench tenant's rules; check that every prompt is routed to the small tier."""
     base = f"http://127.0.0.1:{stack.port}"
     files = [yaml.safe_load((ROOT / "deploy" / "rules" / f).read_text()) for f in RULE_FILES]
@@ -317,300 +285,10 @@ async def wait_answering(
             await asyncio.sleep(0.2)
 
 
-# --- metrics ------------------------------------------------------------------------------
+# --- the phases -------------------------------------------------------------------------
 
 
-@dataclass
-class Histogram:
-    buckets: dict[float, float] = field(default_factory=dict)
-    total: float = 0.0
-    count: float = 0.0
-
-
-async def scrape(http: aiohttp.ClientSession, url: str | None) -> dict[str, Histogram]:
-    """The histograms of ``METRICS`` on a Prometheus ``/metrics`` page, summed over labels."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    if url is None:
-        return {}
-    try:
-        async with http.get(url) as resp:
-            text = await resp.text()
-    except aiohttp.ClientError:
-        return {}
-    out: dict[str, Histogram] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name not in METRICS:
-            continue
-        hist = out.setdefault(family.name, Histogram())
-        for sample in family.samples:
-            if sample.name.endswith("_bucket"):
-                le = float(sample.labels["le"])
-                hist.buckets[le] = hist.buckets.get(le, 0.0) + sample.value
-            elif sample.name.endswith("_sum"):
-                hist.total += sample.value
-            elif sample.name.endswith("_count"):
-                hist.count += sample.value
-    return out
-
-
-def histogram_delta(before: dict[str, Histogram], after: dict[str, Histogram]) -> dict[str, Any]:
-    """Per histogram over the point: count, mean, and the bucket bounds p50 and p99 fall under."""
-    out: dict[str, Any] = {}
-    for name, late in after.items():
-        early = before.get(name, Histogram())
-        count = late.count - early.count
-        if count <= 0:
-            continue
-        buckets = sorted((le, n - early.buckets.get(le, 0.0)) for le, n in late.buckets.items())
-
-        def under(q: float, buckets: list[tuple[float, float]] = buckets, n: float = count) -> Any:
-            le = next(le for le, seen in buckets if seen >= q * n)
-            return None if le == float("inf") else round(le * 1000, 3)
-
-        out[name] = {
-            "count": int(count),
-            "mean_ms": round((late.total - early.total) / count * 1000, 3),
-            "p50_ms_at_most": under(0.5),
-            "p99_ms_at_most": under(0.99),
-        }
-    return out
-
-
-# --- measuring ----------------------------------------------------------------------------
-
-
-@dataclass
-class Measured:
-    block: Any
-    """A ``Block`` or a ``StreamBlock``."""
-    gateway_cpu_s: float | None
-    load_cpu_pct: float
-
-
-RunBlock = Callable[[aiohttp.ClientSession, Target, float], Awaitable[Any]]
-
-
-async def measure_point(
-    stack: Stack,
-    connections: int,
-    run: RunBlock,
-    *,
-    warmup_s: float,
-    point_s: float,
-    block_s: float,
-) -> tuple[list[Measured], dict[str, Any]]:
-    """Warm both targets up, then ``point_s`` of blocks each, alternating (ABBA: direct,
-    through, through, direct, ...), reading the gateway's CPU time around every block."""
-    blocks = max(1, round(point_s / block_s))
-    direct, through = stack.direct(), stack.through()
-    pid = stack.gateway_pid
-    async with (
-        new_session(connections) as to_direct,
-        new_session(connections) as to_through,
-        aiohttp.ClientSession() as http,
-    ):
-        sessions = {"direct": to_direct, "through": to_through}
-        for target in (direct, through):
-            await run(sessions[target.name], target, warmup_s)
-        before = await scrape(http, stack.metrics_url())
-        measured: list[Measured] = []
-        for i in range(blocks):
-            for target in (direct, through) if i % 2 == 0 else (through, direct):
-                cpu0, load0, wall0 = proc_cpu_s(pid), time.process_time(), time.perf_counter()
-                block = await run(sessions[target.name], target, block_s)
-                cpu1, load1, wall1 = proc_cpu_s(pid), time.process_time(), time.perf_counter()
-                gateway_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
-                load_pct = 100 * (load1 - load0) / (wall1 - wall0)
-                measured.append(Measured(block, gateway_cpu, load_pct))
-        after = await scrape(http, stack.metrics_url())
-    return measured, histogram_delta(before, after)
-
-
-def ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000, 3)
-
-
-def dist_ms(values_s: list[float]) -> dict[str, float | None]:
-    return {
-        "p50": ms(pct(values_s, 0.5)),
-        "p90": ms(pct(values_s, 0.9)),
-        "p99": ms(pct(values_s, 0.99)),
-        "max": ms(max(values_s, default=None)),
-        "mean": ms(sum(values_s) / len(values_s)) if values_s else None,
-    }
-
-
-def _errors(measured: Sequence[Measured]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for m in measured:
-        for kind, n in m.block.errors.items():
-            total[kind] = total.get(kind, 0) + n
-    return total
-
-
-def _stages(blocks: Sequence[Block]) -> dict[str, dict[str, float | None]] | None:
-    merged: dict[str, list[float]] = {}
-    for block in blocks:
-        for name, values in block.stages_ms.items():
-            merged.setdefault(name, []).extend(values)
-    if not merged:
-        return None
-    return {name: {"p50": pct(v, 0.5), "p99": pct(v, 0.99)} for name, v in merged.items()}
-
-
-def _side(measured: Sequence[Measured]) -> dict[str, Any]:
-    """What one target's blocks of a point add up to (shared by JSON and streamed blocks)."""
-    ok = sum(m.block.ok for m in measured)
-    wall = sum(m.block.wall_s for m in measured)
-    cpus = [m.gateway_cpu_s for m in measured]
-    side: dict[str, Any] = {
-        "sent": sum(m.block.sent for m in measured),
-        "ok": ok,
-        "errors": _errors(measured),
-        "wall_s": round(wall, 3),
-        "throughput_rps": round(ok / wall, 1) if wall else None,
-        "load_generator_cpu_pct_max": round(max(m.load_cpu_pct for m in measured), 1),
-    }
-    if None not in cpus:
-        cpu = sum(c for c in cpus if c is not None)
-        side["gateway_cpu_s"] = round(cpu, 3)
-        side["gateway_cpu_pct"] = round(100 * cpu / wall, 1) if wall else None
-    return side
-
-
-def _gateway_cpu(point: dict[str, Any], unit: str) -> None:
-    """CPU per answer while loaded, raw and less the idle rate seen during the direct blocks."""
-    direct, through = point["direct"], point["through"]
-    if "gateway_cpu_s" not in through or not through["ok"]:
-        return
-    idle_rate = direct["gateway_cpu_s"] / direct["wall_s"] if direct["wall_s"] else 0.0
-    cpu, n = through["gateway_cpu_s"], through["ok"]
-    point["gateway_idle_cpu_pct"] = round(100 * idle_rate, 2)
-    point[f"gateway_cpu_ms_per_{unit}"] = round(1000 * cpu / n, 3)
-    net = cpu - idle_rate * through["wall_s"]
-    point[f"gateway_cpu_ms_per_{unit}_net_of_idle"] = round(1000 * net / n, 3)
-
-
-def json_point(measured: list[Measured]) -> dict[str, Any]:
-    point: dict[str, Any] = {}
-    for name in ("direct", "through"):
-        mine = [m for m in measured if m.block.target == name]
-        side = _side(mine)
-        side["latency_ms"] = dist_ms([x for m in mine for x in m.block.latencies_s])
-        if name == "through":
-            side["server_timing_ms"] = _stages([m.block for m in mine])
-            own = [x / 1000 for m in mine for x in m.block.overhead_header_ms]
-            side["x_tiergate_overhead_ms"] = dist_ms(own) if own else None
-        side["blocks"] = [
-            {"ok": m.block.ok, "p50_ms": ms(pct(m.block.latencies_s, 0.5)),
-             "p99_ms": ms(pct(m.block.latencies_s, 0.99)), "gateway_cpu_s": m.gateway_cpu_s}
-            for m in mine
-        ]  # fmt: skip
-        point[name] = side
-    point["added_latency_ms"] = _added(point, "latency_ms")
-    _gateway_cpu(point, "request")
-    return point
-
-
-def _added(point: dict[str, Any], key: str) -> dict[str, float | None]:
-    through, direct = point["through"][key], point["direct"][key]
-    return {
-        q: None if through[q] is None or direct[q] is None else round(through[q] - direct[q], 3)
-        for q in ("p50", "p90", "p99")
-    }
-
-
-def stream_point(measured: list[Measured], itl_s: float) -> dict[str, Any]:
-    point: dict[str, Any] = {}
-    for name in ("direct", "through"):
-        mine = [m for m in measured if m.block.target == name]
-        side = _side(mine)
-        side["ttft_ms"] = dist_ms([x for m in mine for x in m.block.ttft_s])
-        side["added_gap_ms"] = dist_ms([g - itl_s for m in mine for g in m.block.gaps_s])
-        worst = [g - itl_s for m in mine for g in m.block.max_gap_per_stream_s]
-        side["worst_added_gap_per_stream_ms"] = dist_ms(worst)
-        side["gaps"] = sum(len(m.block.gaps_s) for m in mine)
-        point[name] = side
-    point["added_ttft_ms"] = _added(point, "ttft_ms")
-    _gateway_cpu(point, "stream")
-    return point
-
-
-def _print_json_point(label: str, point: dict[str, Any]) -> None:
-    added, d, t = point["added_latency_ms"], point["direct"], point["through"]
-    errors = {**{f"direct {k}": v for k, v in d["errors"].items()}, **t["errors"]}
-    print(
-        f"{label:>10}  direct p50 {d['latency_ms']['p50']} p99 {d['latency_ms']['p99']} ms | "
-        f"through p50 {t['latency_ms']['p50']} p99 {t['latency_ms']['p99']} ms | "
-        f"added p50 {added['p50']} p99 {added['p99']} ms | "
-        f"cpu {point.get('gateway_cpu_ms_per_request')} ms/req | "
-        f"{t['throughput_rps']} rps" + (f" | ERRORS {errors}" if errors else ""),
-        flush=True,
-    )
-
-
-async def closed_loop(stack: Stack, prompts: list[list[dict[str, str]]]) -> list[dict[str, Any]]:
-    args, points = stack.args, []
-    for c in args.concurrency:
-
-        async def run(s: aiohttp.ClientSession, t: Target, d: float, c: int = c) -> Block:
-            return await closed_block(s, t, prompts, concurrency=c, duration_s=d)
-
-        measured, metrics = await measure_point(
-            stack, c, run, warmup_s=args.warmup_s, point_s=args.point_s, block_s=args.block_s
-        )
-        point = {"concurrency": c, **json_point(measured), "metrics": metrics}
-        _print_json_point(f"c={c}", point)
-        points.append(point)
-    return points
-
-
-def _fell_over(point: dict[str, Any], rate: float) -> bool:
-    through = point["through"]
-    failed = sum(through["errors"].values())
-    p99 = through["latency_ms"]["p99"]
-    return (
-        failed > 0.01 * max(through["sent"], 1)
-        or (through["achieved_rps"] or 0) < 0.9 * rate
-        or p99 is None
-        or p99 > 1000
-    )
-
-
-async def open_loop(stack: Stack, prompts: list[list[dict[str, str]]]) -> list[dict[str, Any]]:
-    """Rising fixed rates; stops after the first rate the gateway cannot serve."""
-    args, points = stack.args, []
-    for rate in args.rates:
-
-        async def run(s: aiohttp.ClientSession, t: Target, d: float, r: float = rate) -> Block:
-            return await open_block(s, t, prompts, rate=r, duration_s=d)
-
-        measured, metrics = await measure_point(
-            stack, 0, run, warmup_s=min(args.warmup_s, 1.0), point_s=args.point_s,
-            block_s=args.block_s,
-        )  # fmt: skip
-        point = {"rate_rps": rate, **json_point(measured), "metrics": metrics}
-        for side in (point["direct"], point["through"]):
-            side["achieved_rps"] = side["throughput_rps"]  # ok / (first start .. last answer)
-        added_p99 = point["added_latency_ms"]["p99"]
-        point["sustained"] = (
-            not point["through"]["errors"]
-            and not point["direct"]["errors"]
-            and point["through"]["achieved_rps"] >= 0.95 * rate
-            and added_p99 is not None
-            and added_p99 < args.p99_budget_ms
-        )
-        point["fell_over"] = _fell_over(point, rate)
-        _print_json_point(f"{rate:g} rps", point)
-        points.append(point)
-        if point["fell_over"]:
-            print(f"    the gateway fell over at {rate:g} rps: stopping the rate ramp", flush=True)
-            break
-    return points
-
-
-async def soak(stack: Stack, prompts: list[list[dict[str, str]]]) -> dict[str, Any]:
+async def soak(stack: Stack, prompts: Prompts) -> dict[str, Any]:
     """``--soak-rps`` through the gateway for ``--soak-s``; resident memory every 10 s."""
     args, through, pid = stack.args, stack.through(), stack.gateway_pid
     latencies: list[float] = []
@@ -658,34 +336,6 @@ async def soak(stack: Stack, prompts: list[list[dict[str, str]]]) -> dict[str, A
         flush=True,
     )
     return result
-
-
-async def streaming(stack: Stack, prompts: list[list[dict[str, str]]]) -> list[dict[str, Any]]:
-    args, points = stack.args, []
-    for c in args.stream_concurrency:
-
-        async def run(s: aiohttp.ClientSession, t: Target, d: float, c: int = c) -> StreamBlock:
-            spread = min(args.itl_ms / 1000 * args.max_tokens, d / 2)  # one stream's length
-            return await stream_block(s, t, prompts, concurrency=c, duration_s=d, spread_s=spread)
-
-        measured, metrics = await measure_point(
-            stack, c, run, warmup_s=0.01, point_s=args.stream_point_s,
-            block_s=args.stream_block_s,
-        )  # fmt: skip
-        point = {"concurrency": c, **stream_point(measured, args.itl_ms / 1000), "metrics": metrics}
-        d, t = point["direct"], point["through"]
-        errors = {**{f"direct {k}": v for k, v in d["errors"].items()}, **t["errors"]}
-        print(
-            f"stream c={c}  ttft direct p50 {d['ttft_ms']['p50']} through p50 "
-            f"{t['ttft_ms']['p50']} ms | added ttft p50 {point['added_ttft_ms']['p50']} p99 "
-            f"{point['added_ttft_ms']['p99']} ms | added gap through p99 "
-            f"{t['added_gap_ms']['p99']} max {t['added_gap_ms']['max']} ms (direct p99 "
-            f"{d['added_gap_ms']['p99']} max {d['added_gap_ms']['max']})"
-            + (f" | ERRORS {errors}" if errors else ""),
-            flush=True,
-        )
-        points.append(point)
-    return points
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -750,16 +400,20 @@ async def run(args: argparse.Namespace, pin: dict[str, Any]) -> dict[str, Any]:
             await prepare_tiergate(stack, prompts)
             results["environment"]["gateway_rss_mb_at_ready"] = proc_rss_mb(stack.gateway_pid)
         print(f"direct: {stack.direct().url}\nthrough: {stack.through().url}", flush=True)
+        direct, gateways = stack.direct(), [stack.under_test()]
         if args.concurrency:
-            results["closed_loop"] = await closed_loop(stack, prompts)
+            points = await phases.closed_loop(args, direct, gateways, prompts)
+            results["closed_loop"] = points["through"]
         if args.rates:
-            results["open_loop"] = await open_loop(stack, prompts)
+            points = await phases.open_loop(args, direct, gateways, prompts)
+            results["open_loop"] = points["through"]
         if args.soak_s > 0:
             results["soak"] = await soak(stack, prompts)
         if args.stream_concurrency:
             stack.start_sim(itl_ms=args.itl_ms)  # on the same port, paced
             await wait_answering(stack.through(), prompts[0])
-            results["streaming"] = await streaming(stack, prompts)
+            points = await phases.streaming(args, direct, gateways, prompts)
+            results["streaming"] = points["through"]
     results["wall_s"] = round(time.perf_counter() - started, 1)
     results["errors_total"] = _error_total(results)
     results["clean"] = results["errors_total"] == 0
@@ -767,8 +421,8 @@ async def run(args: argparse.Namespace, pin: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    """The options of the load, the stack and the machine (shared with ``bench.compare``)."""
     p.add_argument(
         "--concurrency",
         type=int,
@@ -790,7 +444,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--block-s",
         type=float,
         default=2.0,
-        help="length of one block; blocks alternate direct / through",
+        help="length of one block; blocks alternate between the targets",
     )
     p.add_argument("--warmup-s", type=float, default=1.0, help="per target, before each point")
     p.add_argument(
@@ -799,8 +453,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=20.0,
         help="added p99 a sustained rate must stay under",
     )
-    p.add_argument("--soak-s", type=float, default=600.0, help="memory soak length (0: skip)")
-    p.add_argument("--soak-rps", type=float, default=100.0)
     p.add_argument(
         "--stream-concurrency",
         type=int,
@@ -818,17 +470,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=64, help="distinct prompts, used in turn")
     p.add_argument("--redis-url", help="default: an own redis-server if on PATH")
     p.add_argument("--sim-port", type=int, default=0, help="default: a free port")
+    p.add_argument("--cores", type=int, nargs=2, default=[0, 1], metavar=("LOAD", "GATEWAY"))
+    p.add_argument("--no-pin", action="store_true", help="do not pin to cores")
+    p.add_argument("--plot", type=Path, help="default: --out with .png")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--keep-logs", type=Path, help="copy the gateways' and simulator's logs here")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_load_args(p)
+    p.add_argument("--soak-s", type=float, default=600.0, help="memory soak length (0: skip)")
+    p.add_argument("--soak-rps", type=float, default=100.0)
     p.add_argument("--through-url", help="another OpenAI-compatible gateway's chat URL")
     p.add_argument("--through-key", default="", help="its API key")
     p.add_argument("--through-model", help="the model to ask it for (tiergate: auto)")
     p.add_argument("--through-pid", type=int, help="its process, for CPU and memory")
     p.add_argument("--through-metrics-url", help="its Prometheus page, if any")
-    p.add_argument("--cores", type=int, nargs=2, default=[0, 1], metavar=("LOAD", "GATEWAY"))
-    p.add_argument("--no-pin", action="store_true", help="do not pin to cores")
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--plot", type=Path, help="default: --out with .png")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--keep-logs", type=Path, help="copy the gateway's and simulator's logs here")
     args = p.parse_args(argv)
     if args.through_url and not args.sim_port:
         p.error("--through-url needs --sim-port: the port the other gateway sends to")
