@@ -4,15 +4,12 @@ tiny run end to end."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.compare import LITELLM_VENV, litellm_config
+from bench.compare import litellm_config
 from bench.compare_report import comparison, figures, markdown, ratio
 from bench.loadgen import Target
 from bench.points import block_order
@@ -143,40 +140,3 @@ def test_table_rows() -> None:
     assert "(p99 / max), 1 stream | 1.00 / 2.00 ms | 2.00 / 8.00 ms | 0.50 / 0.25 |" in table
     assert "(p50 / p99), 1 stream | 4.00 / 6.00 ms | 8.00 / 12.00 ms | 0.50 / 0.50 |" in table
     assert "LiteLLM 1.82.6" in table and "no errors" in table
-
-
-TINY = [
-    "--concurrency", "1", "--rates", "50", "--point-s", "1", "--block-s", "0.5",
-    "--warmup-s", "0.1", "--stream-concurrency", "2", "--itl-ms", "10",
-    "--stream-point-s", "0.4", "--stream-block-s", "0.2", "--prompts", "4",
-]  # fmt: skip
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-@pytest.mark.skipif(
-    not (LITELLM_VENV / "bin" / "litellm").exists(),
-    reason="LiteLLM's virtualenv is not there (make bench-compare creates it)",
-)
-def test_tiny_run_measures_both_gateways(tmp_path: Path) -> None:
-    out = tmp_path / "compare.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.compare", *TINY, "--out", str(out), "--label", "tiny"],
-        cwd=ROOT, capture_output=True, text=True, timeout=170,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    results = json.loads(out.read_text())
-    assert results["label"] == "tiny" and results["clean"], done.stdout
-    assert (tmp_path / "compare.png").stat().st_size > 10_000
-    assert results["environment"]["gateways"]["litellm"]["version"] == "1.82.6"
-    for name in ("tiergate", "litellm"):
-        view = results["gateways"][name]
-        (c1,) = view["closed_loop"]
-        assert c1["through"]["ok"] > 5 and c1["gateway_cpu_ms_per_request"] > 0
-        assert view["open_loop"][0]["rate_rps"] == 50
-        (stream,) = view["streaming"]
-        assert stream["through"]["gaps"] == stream["through"]["ok"] * 49
-        assert view["rss_mb"]["at_ready"] > 0
-    figures = results["comparison"]["figures"]
-    assert figures["tiergate"]["c1_added_latency_ms_p50"] is not None
-    assert "| gateway CPU per request, concurrency 1 |" in done.stdout
