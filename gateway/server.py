@@ -52,7 +52,12 @@ async def _run_servers(servers: Sequence[uvicorn.Server]) -> None:
 
 
 def _uvicorn_config(
-    app: FastAPI, host: str, port: int, *, max_header_bytes: int = 16 * 1024
+    app: FastAPI,
+    host: str,
+    port: int,
+    *,
+    max_header_bytes: int = 16 * 1024,
+    keep_alive_s: int = 75,
 ) -> uvicorn.Config:
     return uvicorn.Config(
         app,
@@ -65,6 +70,7 @@ def _uvicorn_config(
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=keep_alive_s,
     )
 
 
@@ -76,6 +82,7 @@ async def serve(settings: Settings, *, dev: bool, workers: bool) -> None:
                 settings.server.host,
                 settings.server.port,
                 max_header_bytes=settings.limits.max_header_bytes,
+                keep_alive_s=settings.server.keep_alive_s,
             )
         )
         admin = _Server(

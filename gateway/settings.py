@@ -59,6 +59,10 @@ class ServerSettings(_Strict):
     port: int = 8080
     admin_host: str = "127.0.0.1"
     admin_port: int = 9464
+    keep_alive_s: int = Field(default=75, ge=1)
+    """How long an idle client connection is kept open. Longer than a load balancer's idle
+    timeout (60 s on common ones), so the balancer, not tiergate, closes idle connections: a
+    connection the server closes just as the balancer reuses it fails that request (502)."""
 
 
 class RedisSettings(_Strict):
