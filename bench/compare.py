@@ -54,6 +54,9 @@ LITELLM_VENV = ROOT / "bench" / ".venv-litellm"
 LITELLM_PIN = "1.82.6"
 """The version ``bench/litellm-proxy.txt`` pins (the project's reviewed one)."""
 LITELLM_KEY = "sk-bench-compare"
+KEEP_ALIVE_S = 75
+"""Idle keep-alive for LiteLLM's uvicorn, as tiergate's default ``server.keep_alive_s``: neither
+gateway closes the load generator's connections between its blocks."""
 LITELLM_ENV = {
     "LITELLM_MASTER_KEY": LITELLM_KEY,
     "LITELLM_LOG": "ERROR",  # its own loggers: errors only, as its production advice has it
@@ -110,6 +113,7 @@ class LiteLLMProxy:
         return [
             *self.launcher, str(self.binary), "--config", str(config), "--host", "127.0.0.1",
             "--port", str(self.port), "--num_workers", "1", "--telemetry", "False",
+            "--keepalive_timeout", str(KEEP_ALIVE_S),
         ]  # fmt: skip
 
     def start(self, sim_port: int) -> None:
@@ -161,7 +165,7 @@ def environment(args: argparse.Namespace, pin: dict[str, Any], litellm: str) -> 
             "litellm": {
                 "version": litellm,
                 "command": "litellm --config litellm.yaml --host 127.0.0.1 --port <free> "
-                "--num_workers 1 --telemetry False",
+                f"--num_workers 1 --telemetry False --keepalive_timeout {KEEP_ALIVE_S}",
                 "config": litellm_config(0),
                 "environment": {k: v for k, v in LITELLM_ENV.items() if "KEY" not in k},
             },
