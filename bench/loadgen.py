@@ -88,6 +88,9 @@ class StreamBlock(_Timed):
     gaps_s: list[float] = field(default_factory=list)
     """Every gap between two consecutive content chunks, over all streams."""
     max_gap_per_stream_s: list[float] = field(default_factory=list)
+    stages_ms: dict[str, list[float]] = field(default_factory=dict)
+    """``Server-Timing`` entries of the answered streams (the gateway's time to the first
+    chunk), by name (empty when the target sends none)."""
 
     @property
     def ok(self) -> int:
@@ -270,6 +273,7 @@ async def _one_stream(
     session: aiohttp.ClientSession, target: Target, body: bytes, block: StreamBlock
 ) -> None:
     arrivals: list[float] = []
+    timing: dict[str, float] = {}
     done = False
     start = time.perf_counter()
     try:
@@ -278,6 +282,7 @@ async def _one_stream(
                 await resp.read()
                 block.errors[f"http_{resp.status}"] += 1
                 return
+            timing = server_timing(resp.headers.get("server-timing", ""))
             async for line in resp.content:
                 if not line.startswith(b"data:"):
                     continue
@@ -299,6 +304,8 @@ async def _one_stream(
         block.errors[f"wrong_chunk_count_{len(arrivals)}"] += 1
     else:
         block.ttft_s.append(arrivals[0] - start)
+        for name, dur in timing.items():
+            block.stages_ms.setdefault(name, []).append(dur)
         gaps = [b - a for a, b in itertools.pairwise(arrivals)]
         block.gaps_s.extend(gaps)
         block.max_gap_per_stream_s.append(max(gaps, default=0.0))

@@ -461,6 +461,13 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         help="concurrent streams (none: skip)",
     )
     p.add_argument("--stream-point-s", type=float, default=10.0)
+    p.add_argument(
+        "--stream-min-streams",
+        type=int,
+        default=20,
+        help="a stream point lasts long enough for this many streams per target (one stream "
+        "at a time reads one every --itl-ms x --max-tokens: the time-to-first-token samples)",
+    )
     p.add_argument("--stream-block-s", type=float, default=5.0)
     p.add_argument(
         "--itl-ms", type=float, default=50.0, help="the simulator's inter-token latency for streams"

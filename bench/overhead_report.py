@@ -46,6 +46,7 @@ def headline(results: dict[str, Any], *, p99_budget_ms: float = 20.0) -> dict[st
     if streams:
         one = _point(streams, 1)
         out["stream_ttft_ms_c1"] = one["added_ttft_ms"] if one else None
+        out["stream_stages_ms_c1"] = one["through"].get("server_timing_ms") if one else None
         top = max(streams, key=lambda p: p["concurrency"])
         out["streaming"] = {
             "concurrency": top["concurrency"],
@@ -124,12 +125,13 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_f(memory['rss_mb_after'])} MB ({_f(memory['rss_growth_pct'], ' %')}) "
             f"| < 200 MB, < 10 % growth |"
         )
-    stages = h.get("stages_ms_c1")
-    rows.append(
-        "| tiergate's own time by stage, p50 (Server-Timing), concurrency 1 | "
-        + (", ".join(f"{k} {_f(v['p50'])}" for k, v in stages.items()) + " ms" if stages else "—")
-        + " | |"
-    )
+    for key, what in (
+        ("stages_ms_c1", "tiergate's own time by stage, p50 (Server-Timing), concurrency 1"),
+        ("stream_stages_ms_c1", "the same to a stream's first chunk, 1 stream"),
+    ):
+        stages = h.get(key)
+        shown = ", ".join(f"{k} {_f(v['p50'])}" for k, v in stages.items()) if stages else ""
+        rows.append(f"| {what} | {shown + ' ms' if shown else '—'} | |")
     commit = env["commit"][:10] + (" (dirty)" if env["dirty"] else "")
     pin = env["pinning"]
     where = (

@@ -140,8 +140,10 @@ async def streaming(
             spread = min(args.itl_ms / 1000 * args.max_tokens, d / 2)  # one stream's length
             return await stream_block(s, t, prompts, concurrency=c, duration_s=d, spread_s=spread)
 
+        stream_s = args.itl_ms / 1000 * args.max_tokens
+        point_s = max(args.stream_point_s, args.stream_min_streams * stream_s / c)
         measured, metrics = await measure_point(
-            direct, gateways, c, run, warmup_s=0.01, point_s=args.stream_point_s,
+            direct, gateways, c, run, warmup_s=0.01, point_s=point_s,
             block_s=args.stream_block_s,
         )  # fmt: skip
         for g in gateways:

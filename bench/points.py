@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.loadgen import Block, Target, new_session, pct
+from bench.loadgen import Block, StreamBlock, Target, new_session, pct
 
 __all__ = [
     "METRICS",
@@ -237,7 +237,7 @@ def _errors(measured: Sequence[Measured]) -> dict[str, int]:
     return total
 
 
-def _stages(blocks: Sequence[Block]) -> dict[str, dict[str, float | None]] | None:
+def _stages(blocks: Sequence[Block | StreamBlock]) -> dict[str, dict[str, float | None]] | None:
     merged: dict[str, list[float]] = {}
     for block in blocks:
         for name, values in block.stages_ms.items():
@@ -331,6 +331,8 @@ def stream_point(
         worst = [g - itl_s for m in mine for g in m.block.max_gap_per_stream_s]
         side["worst_added_gap_per_stream_ms"] = dist_ms(worst)
         side["gaps"] = sum(len(m.block.gaps_s) for m in mine)
+        if name == "through":
+            side["server_timing_ms"] = _stages([m.block for m in mine])
         point[name] = side
     point["added_ttft_ms"] = _added(point, "ttft_ms")
     _gateway_cpu(point, "stream")

@@ -20,7 +20,7 @@ TINY = [
     "--concurrency", "1", "--rates", "50", "--point-s", "1", "--block-s", "0.5",
     "--warmup-s", "0.1", "--soak-s", "1", "--soak-rps", "20",
     "--stream-concurrency", "2", "--itl-ms", "10", "--stream-point-s", "0.4",
-    "--stream-block-s", "0.2", "--prompts", "4",
+    "--stream-block-s", "0.2", "--stream-min-streams", "2", "--prompts", "4",
 ]  # fmt: skip
 
 
@@ -67,6 +67,8 @@ def test_tiny_run_writes_sane_results(tmp_path: Path) -> None:
         assert _positive(stream[side]["ttft_ms"]["p50"])
         assert stream[side]["gaps"] == stream[side]["ok"] * 49  # 50 chunks per stream
     assert stream["through"]["added_gap_ms"]["max"] is not None
+    stages = stream["through"]["server_timing_ms"]  # tiergate's time to the first chunk
+    assert _positive(stages["backend"]["p50"]) and _positive(stages["total"]["p50"])
 
     head = results["headline"]
     assert head["added_latency_ms_c1"] == c1["added_latency_ms"]
