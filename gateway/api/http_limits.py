@@ -5,6 +5,9 @@ subclass counts the bytes of the request head as they arrive and, once past the 
 431 with an OpenAI error body and closes the connection; so memory per connection stays within
 the limit plus one read. The h11 protocol gets the same limit through
 ``h11_max_incomplete_event_size`` (see ``gateway.server``).
+
+The same protocol class also gives each request's cycle a ``HeadWithFirstBody`` transport, so a
+response's head and first body bytes leave in one write.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.api.errors import raw_error_response
+from gateway.api.head_with_body import HeadWithFirstBody
 from gateway.errors import HeadersTooLarge
 
 __all__ = ["limited_httptools"]
@@ -40,6 +44,10 @@ class _LimitedHttpTools(HttpToolsProtocol):
             self._too_large = True
             raise ValueError("request head too large")  # httptools turns this into a parse error
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and not isinstance(cycle.transport, HeadWithFirstBody):
+            # One write for the response's head and its first body bytes (head_with_body.py).
+            cycle.transport = HeadWithFirstBody(self.transport, self.loop)  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
