@@ -2,9 +2,11 @@
 
 The simulator answers with no modelled latency (``time_scale`` 0), so what is measured is the
 queue itself: ``start`` = worker start minus enqueue (the ``queue_ms`` a worker reports),
-``hop`` = the whole round trip at the edge minus the backend call's own time (``backend_ms``),
-i.e. enqueue (Lua) + take (Lua) + claim + slot lease + reply stream + relay to the waiter. One
-edge and one worker in this process, one Redis; open-loop arrivals at ``--rate``.
+``hop`` = the whole round trip at the edge minus the backend call's own time (``backend_ms``):
+queued, the enqueue script, which hands the job to the idle worker with its claim (a take and a
+claim of the worker's own when it is busy), the worker's wake-up, the reply stream and the relay
+to the waiter; ``--direct``, one start script and the relay in the process. One edge and one
+worker in this process, one Redis; open-loop arrivals at ``--rate``.
 
     .venv/bin/python bench/queue_hop.py                 # writes bench/results/queue_hop.json
     .venv/bin/python bench/queue_hop.py --direct --out bench/results/queue_hop_direct.json

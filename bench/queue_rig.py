@@ -1,6 +1,9 @@
 """Shared rig for the queue benches: simulator replicas (real HTTP, with a middleware counting
 the requests each holds at once), worker "processes" (own pools and lease owners, one Redis),
-and an edge dispatcher, all in this process. Not a test helper: imported by bench scripts only."""
+and an edge dispatcher, all in this process. Not a test helper: imported by bench scripts only.
+
+Like ``tiergate serve``, each worker queues its slot releases and acknowledgements on a
+``Coalescer`` (one pipeline per loop turn) instead of awaiting a round trip for each."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from aiohttp import web
 from backends.openai_http import VLLMBackend
 from backends.sim import PROFILES, create_sim_app
 from gateway.accounting.records import LedgerEntry
+from gateway.coalescer import Coalescer
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.executor import Executor
@@ -93,6 +97,7 @@ class Rig:
     workers: list[Worker] = field(default_factory=list)
     pools: list[BackendPool] = field(default_factory=list)
     sessions: list[aiohttp.ClientSession] = field(default_factory=list)
+    coalescers: list[Coalescer] = field(default_factory=list)
     books: Books = field(default_factory=Books)
     replies: ReplyRouter | None = None
     dispatcher: Dispatcher | None = None
@@ -107,7 +112,9 @@ class Rig:
             )
             for i, s in enumerate(self.sims)
         ]
-        pool = BackendPool({MODEL: replicas}, leases=SlotLeases(self.redis), owner=name)
+        coalescer = Coalescer(self.redis)
+        leases = SlotLeases(self.redis, coalescer=coalescer)
+        pool = BackendPool({MODEL: replicas}, leases=leases, owner=name)
         pool.start()
         catalog = Catalog((DeploymentSpec(model=MODEL, tier=Tier.SMALL, max_model_len=16384),))
         worker = Worker(
@@ -122,11 +129,13 @@ class Rig:
             pool=pool,
             tiers={"small": [MODEL]},
             batch_headroom=batch_headroom,
+            coalescer=coalescer,
         )
         worker.start()
         self.workers.append(worker)
         self.pools.append(pool)
         self.sessions.append(session)
+        self.coalescers.append(coalescer)
         return worker
 
     def start_edge(self, *, max_depth: int, local: Worker | None = None) -> None:
@@ -143,6 +152,8 @@ class Rig:
             await w.aclose(drain_s=30)
         for p in self.pools:
             await p.aclose()
+        for c in self.coalescers:
+            await c.aclose()
         for s in self.sessions:
             await s.close()
         if self.replies is not None:

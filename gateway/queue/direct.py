@@ -12,8 +12,9 @@ at once, in one Lua script that does what enqueue + take would have done, atomic
   another worker finds it like any started job and runs it again (its claim names a worker
   whose heartbeat is gone).
 
-Every entry of a ``direct`` stream is read by the script that adds it, so ``XREADGROUP >``
-returns exactly that entry. All keys carry the tier's tag.
+Every entry of a ``direct`` stream is read by the script that adds it (here, or in the enqueue
+script that hands a job to an idle worker, ``gateway.queue.lanes``), so ``XREADGROUP >`` returns
+exactly that entry. All keys carry the tier's tag.
 """
 
 from __future__ import annotations
@@ -24,13 +25,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from gateway.queue.keys import LANES, RedisKeys
+from gateway.queue.keys import DIRECT_LANE, LANES, RedisKeys
 from gateway.queue.lanes import Taken
 
 __all__ = ["DIRECT_LANE", "DirectStart", "Started"]
-
-DIRECT_LANE = "direct"
-"""The lane name of the streams that hold started-at-once jobs (never taken from)."""
 
 # KEYS: direct stream, depth x3 (lane order), streams set, slot keys...
 # ARGV: job, weight, lane index (1-3), group, consumer, lease id, lease ms, batch limit, limits...

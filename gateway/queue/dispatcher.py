@@ -6,7 +6,9 @@ the ledger entry, so a request is never answered 504 *and* run, nor booked twice
 
 When the process also runs a worker (``local``), a job that would be taken at once is started
 by it directly (``Worker.start_now``): no wait in a stream, no reply stream, and no edge claim
-(its deadline is held by the backend timeouts, as for any started job).
+(its deadline is held by the backend timeouts, as for any started job). Otherwise such a job is
+handed to an idle worker of any process by the enqueue script, which takes the claim for it
+(``gateway.queue.lanes``): the edge then waits for it as for a started job.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gateway.errors import DeadlineExceeded, RateLimited, ServiceUnavailable
 from gateway.limits.idempotency import Idempotency
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.lanes import LaneQueue, QueueFull, lane_of
+from gateway.queue.lanes import HANDED_OFF, Handoff, LaneQueue, QueueFull, lane_of
 from gateway.queue.replies import ReplyRouter
 
 log = logging.getLogger(__name__)
@@ -109,13 +111,14 @@ class Dispatcher:
         tier = job.plan.tier.value
         queue = self._replies.register(job.request_id)
         try:
-            await self._lanes.enqueue(
+            depth = await self._lanes.enqueue(
                 tier=tier,
                 lane=lane_of(job.priority),
                 tenant=job.tenant,
                 job=job.encode(),
                 weight=self._weights.get(job.tenant, 1.0),
                 max_depth=self._tier_max_depth.get(tier, self._max_depth),
+                handoff=Handoff(job.request_id, self._worker_claim_ttl(job)),
             )
         except QueueFull as full:
             self._replies.unregister(job.request_id)
@@ -130,12 +133,18 @@ class Dispatcher:
         except BaseException:
             self._replies.unregister(job.request_id)
             raise
-        return self._replies_of(job, queue)
+        return self._replies_of(job, queue, started=depth == HANDED_OFF)
+
+    def _worker_claim_ttl(self, job: Job) -> int:
+        """The claim an enqueue takes for the worker it hands ``job`` to lives as long as the
+        one that worker would take itself (``Worker._claim_ttl``)."""
+        return max(int(job.deadline - time.time()) + self._claim_ttl_s, self._claim_ttl_s)
 
     async def _replies_of(
         self, job: Job, queue: asyncio.Queue[Reply | BaseException], *, started: bool = False
     ) -> AsyncIterator[Reply]:
-        """``started``: the local worker runs the job (nothing to claim at the deadline)."""
+        """``started``: a worker runs the job (this process's, or an idle one it was handed to):
+        nothing to claim at the deadline."""
         deadline = job.deadline + (_RUNNING_GRACE_S if started else 0.0)
         claimed_by_worker = started
         try:
@@ -154,7 +163,7 @@ class Dispatcher:
                         raise DeadlineExceeded(
                             "the backend did not finish before the deadline"
                         ) from None
-                    if await self._claim_for_edge(job.request_id):
+                    if await self._claim_for_edge(job):
                         raise DeadlineExceeded(
                             "the request could not start before its deadline"
                         ) from None
@@ -175,7 +184,7 @@ class Dispatcher:
         told to stop (directly, or on the cancel channel)."""
         if self._local is not None and self._local.cancel(job.request_id):
             return False  # it runs in this process (started at once, or taken here)
-        if await self._claim_for_edge(job.request_id):
+        if await self._claim_for_edge(job):
             return True
         try:
             await self._redis.publish(self._keys.cancels, job.request_id)
@@ -209,11 +218,10 @@ class Dispatcher:
         wait = self._expected_wait(tier) if self._expected_wait is not None else 1.0
         return float(min(max(math.ceil(wait), 1), 60))
 
-    async def _claim_for_edge(self, request_id: str) -> bool:
+    async def _claim_for_edge(self, job: Job) -> bool:
+        key = self._keys.claim(job.plan.tier.value, job.request_id)
         try:
-            won = await self._redis.set(
-                self._keys.claim(request_id), EDGE_CLAIM, nx=True, ex=self._claim_ttl_s
-            )
+            won = await self._redis.set(key, EDGE_CLAIM, nx=True, ex=self._claim_ttl_s)
         except (RedisError, OSError) as exc:
             raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
         return bool(won)

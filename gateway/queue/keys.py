@@ -2,7 +2,8 @@
 
 Keys carry a hash tag (``{…}``) so that a Redis Cluster keeps the keys one operation touches in
 one slot: everything one tier's scripts touch (its lanes, tenant streams, depth counters,
-doorbell, replica slot leases) shares the tag ``{q:<tier>}``. ``prefix`` isolates deployments
+doorbell, idle workers, replica slot leases, the claims of its requests) shares the tag
+``{q:<tier>}``. ``prefix`` isolates deployments
 (and tests) sharing one Redis.
 """
 
@@ -10,10 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LANES", "RedisKeys"]
+__all__ = ["DIRECT_LANE", "LANES", "RedisKeys"]
 
 LANES = ("interactive", "standard", "batch")
 """Priority lanes, highest first."""
+
+DIRECT_LANE = "direct"
+"""The lane name of the streams that hold jobs started at once or handed straight to an idle
+worker: every entry is read into a worker's pending list by the script that adds it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,15 @@ class RedisKeys:
         """List a worker blocks on (``BLPOP``) while a tier has no work it may take."""
         return f"{self.tier_tag(tier)}:bell"
 
+    def idle(self, tier: str) -> str:
+        """Sorted set of the workers waiting for work of a tier with a slot reserved, scored by
+        when their registration lapses (ms, Redis clock): an enqueue hands a job to one."""
+        return f"{self.tier_tag(tier)}:idle"
+
+    def wake(self, tier: str, worker_id: str) -> str:
+        """List of one idle worker (``BLPOP``, with the bell): the job handed to it."""
+        return f"{self.tier_tag(tier)}:wake:{worker_id}"
+
     def slots(self, tier: str, replica: str) -> str:
         """Sorted set of slot leases held on one replica, scored by expiry (ms)."""
         return f"{self.tier_tag(tier)}:slots:{replica}"
@@ -63,9 +77,10 @@ class RedisKeys:
         """Pub/sub channel: request ids whose client went away (their worker stops them)."""
         return f"{self.prefix}:cancels"
 
-    def claim(self, request_id: str) -> str:
-        """Who owns a request's outcome: the worker that started it, or the edge that gave up."""
-        return f"{self.prefix}:claim:{request_id}"
+    def claim(self, tier: str, request_id: str) -> str:
+        """Who owns a request's outcome: the worker that started it, or the edge that gave up.
+        In the tier's slot, so that the enqueue script can take it for an idle worker."""
+        return f"{self.tier_tag(tier)}:claim:{request_id}"
 
     @property
     def ledger_events(self) -> str:

@@ -1,4 +1,5 @@
-"""Priority lanes and weighted fair share, as two Lua scripts on one tier's keys.
+"""Priority lanes and weighted fair share, as two Lua scripts on one tier's keys, and the hand-off
+of a job to an idle worker.
 
 A tier's queue is one stream per (lane, tenant) plus, per lane, a sorted set of the tenants that
 have work there, scored by *virtual time*: every job a tenant gets started adds ``1 / weight``
@@ -8,9 +9,26 @@ the lane's lowest score, so idleness earns no credit. Lanes are strict: a worker
 ``standard`` only when ``interactive`` is empty, and ``batch`` only when that leaves room (fewer
 than ``batch_limit`` slots of the tier held), so interactive work always finds a slot soon.
 
-Both scripts touch only keys tagged ``{q:<tier>}``. The per-tenant streams are derived inside the
-take script from the tier's tag (the lane sets name the tenants), so they stay in the tier's
-Cluster slot though the script does not declare them.
+**Hand-off.** A worker whose take finds nothing registers, in the same script, as idle in the
+tier (``RedisKeys.idle``, with an expiry it renews at every take), holding the slot it reserved.
+An enqueue that may hand off (``Handoff``; not batch) and finds no job waiting in its lane or a
+higher one (the depth counters: the same rule as direct start, so nothing is overtaken) takes
+the most recently registered idle worker out of the set and, in the same script, takes the
+request's claim for it, adds the job to the tenant's ``direct`` stream read into that worker's
+pending list (``o`` names it), and pushes the entry on the worker's wake list, which the worker
+blocks on together with the bell. The worker then starts the job without a take or a claim of
+its own: one script and one wake-up instead of a wake-up, two scripts and a ``SET NX``. Each
+registration is good for one job (the enqueue removes it), so a worker never gets more jobs
+than the slot it holds; a take first collects what was handed over since, and
+``withdraw`` (when the worker stops) takes it out of the set and returns what is left on its
+list. A worker that dies while registered may be handed a job until its registration lapses
+(``idle_ms``, about two bell periods); that job is in its pending list under its claim, and
+another worker's reclaimer runs it once its heartbeat is gone, as for any job it had started.
+
+Every key the scripts touch is tagged ``{q:<tier>}``. The per-tenant streams are derived inside
+the take script from the tier's tag (the lane sets name the tenants), and an idle worker's wake
+list inside the enqueue script (the idle set names the worker), so they stay in the tier's
+Cluster slot though the scripts do not declare them.
 """
 
 from __future__ import annotations
@@ -21,14 +39,46 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway.coalescer import Coalescer
-from gateway.queue.keys import LANES, RedisKeys
+from gateway.queue.keys import DIRECT_LANE, LANES, RedisKeys
 
-__all__ = ["LaneQueue", "QueueFull", "Taken", "lane_of"]
+__all__ = ["HANDED_OFF", "Handoff", "LaneQueue", "QueueFull", "Taken", "lane_of"]
 
+HANDED_OFF = 0
+"""What ``LaneQueue.enqueue`` returns for a job handed straight to an idle worker."""
+
+# KEYS: jobs stream, lane set, depth x3, bell, streams set; to hand off: direct stream, idle set,
+# claim. ARGV: job, tenant, weight, max depth, lane index (1-3), group; to hand off: claim ttl (s),
+# tier tag.
 _ENQUEUE = """
-local lane_depth = KEYS[2 + tonumber(ARGV[5])]
+local li = tonumber(ARGV[5])
+local lane_depth = KEYS[2 + li]
 local waiting = tonumber(redis.call('GET', lane_depth) or '0')
 if waiting >= tonumber(ARGV[4]) then return -waiting - 1 end
+if #KEYS == 10 then
+  local clear = true
+  for i = 1, li do
+    if tonumber(redis.call('GET', KEYS[2 + i]) or '0') > 0 then clear = false break end
+  end
+  if clear then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
+    local worker = redis.call('ZREVRANGE', KEYS[9], 0, 0)[1]
+    if worker and redis.call('SET', KEYS[10], worker, 'NX', 'EX', ARGV[7]) then
+      redis.call('ZREM', KEYS[9], worker)
+      if redis.call('EXISTS', KEYS[8]) == 0 then
+        redis.call('XGROUP', 'CREATE', KEYS[8], ARGV[6], '0', 'MKSTREAM')
+      end
+      redis.call('SADD', KEYS[7], KEYS[8])
+      local id = redis.call('XADD', KEYS[8], '*', 'j', ARGV[1], 'w', ARGV[3], 'o', worker)
+      redis.call('XREADGROUP', 'GROUP', ARGV[6], worker, 'COUNT', 1, 'STREAMS', KEYS[8], '>')
+      local wake = ARGV[8] .. ':wake:' .. worker
+      redis.call('RPUSH', wake, id .. ' ' .. #ARGV[2] .. ' ' .. ARGV[2] .. ARGV[1])
+      redis.call('EXPIRE', wake, ARGV[7])
+      return 0
+    end
+  end
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[6], '0', 'MKSTREAM')
 end
@@ -46,9 +96,17 @@ redis.call('SADD', KEYS[7], KEYS[1])
 return waiting + 1
 """
 
+# KEYS: lane sets x3, depth x3, idle set, slot keys... ARGV: tier tag, group, consumer, batch
+# limit, idle ms (0: the caller does not wait for hand-offs).
 _TAKE = """
 local tag, group, consumer = ARGV[1], ARGV[2], ARGV[3]
 local batch_limit = tonumber(ARGV[4])
+local idle_ms = tonumber(ARGV[5])
+if idle_ms > 0 then
+  redis.call('ZREM', KEYS[7], consumer)
+  local handed = redis.call('LPOP', tag .. ':wake:' .. consumer)
+  if handed then return {handed} end
+end
 local lanes = {'interactive', 'standard', 'batch'}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -56,7 +114,7 @@ for li = 1, 3 do
   local allowed = true
   if li == 3 and batch_limit >= 0 then
     local held = 0
-    for k = 7, #KEYS do held = held + redis.call('ZCOUNT', KEYS[k], '(' .. now, '+inf') end
+    for k = 8, #KEYS do held = held + redis.call('ZCOUNT', KEYS[k], '(' .. now, '+inf') end
     if held > batch_limit then allowed = false end
   end
   if allowed then
@@ -81,7 +139,15 @@ for li = 1, 3 do
     end
   end
 end
+if idle_ms > 0 then redis.call('ZADD', KEYS[7], now + idle_ms, consumer) end
 return false
+"""
+
+_WITHDRAW = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+local handed = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('DEL', KEYS[2])
+return handed
 """
 
 
@@ -100,6 +166,17 @@ class Taken:
     tenant: str
     entry_id: bytes
     job: bytes
+    claimed: bool = False
+    """Handed over by an enqueue, which took the request's claim for this worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """What an enqueue needs to hand a job straight to an idle worker."""
+
+    request_id: str
+    claim_ttl_s: int
+    """How long the claim it takes for the worker lives (as the worker's own would)."""
 
 
 def lane_of(priority: str) -> str:
@@ -116,6 +193,7 @@ class LaneQueue:
         self._coalescer = coalescer
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
+        self._withdraw = redis.register_script(_WITHDRAW)
 
     def _lane_keys(self, tier: str) -> list[str]:
         k = self._keys
@@ -124,10 +202,20 @@ class LaneQueue:
         ]
 
     async def enqueue(
-        self, *, tier: str, lane: str, tenant: str, job: bytes, weight: float, max_depth: int
+        self,
+        *,
+        tier: str,
+        lane: str,
+        tenant: str,
+        job: bytes,
+        weight: float,
+        max_depth: int,
+        handoff: Handoff | None = None,
     ) -> int:
         """Queue ``job``; returns its lane's depth with it, raises ``QueueFull`` when the lane
-        already holds ``max_depth`` (per lane, so a batch flood never refuses interactive work)."""
+        already holds ``max_depth`` (per lane, so a batch flood never refuses interactive work).
+        With ``handoff`` (never for batch, whose headroom only a worker can check) a job that
+        need not wait goes to an idle worker instead: ``HANDED_OFF``, and its claim is taken."""
         k = self._keys
         keys = [
             k.jobs(tier, lane, tenant),
@@ -144,23 +232,63 @@ class LaneQueue:
             LANES.index(lane) + 1,
             k.group,
         ]
+        if handoff is not None and lane != "batch":
+            keys += [
+                k.jobs(tier, DIRECT_LANE, tenant),
+                k.idle(tier),
+                k.claim(tier, handoff.request_id),
+            ]
+            args += [handoff.claim_ttl_s, k.tier_tag(tier)]
         depth = int(await self._enqueue(keys=keys, args=args))
         if depth < 0:
             raise QueueFull(-depth - 1)
         return depth
 
     async def take(
-        self, tier: str, consumer: str, *, slot_keys: list[str], batch_limit: int
+        self,
+        tier: str,
+        consumer: str,
+        *,
+        slot_keys: list[str],
+        batch_limit: int,
+        idle_ms: int = 0,
     ) -> Taken | None:
         """The next job of ``tier`` by lane, then fair share; ``batch_limit`` < 0 means no
-        limit on batch."""
-        keys = self._lane_keys(tier) + slot_keys
-        args: list[str | int] = [self._keys.tier_tag(tier), self._keys.group, consumer, batch_limit]
+        limit on batch. ``idle_ms`` > 0: the caller holds a slot and, finding nothing, waits on
+        ``wake_keys``; it is registered as idle for that long (and first gets any job handed to
+        it since its last registration)."""
+        keys = [*self._lane_keys(tier), self._keys.idle(tier), *slot_keys]
+        args: list[str | int] = [
+            self._keys.tier_tag(tier),
+            self._keys.group,
+            consumer,
+            batch_limit,
+            idle_ms,
+        ]
         got: Any = await self._take(keys=keys, args=args)
         if not got:
             return None
+        if len(got) == 1:
+            return self.handed(tier, got[0])
         lane, tenant, entry_id, job = got
         return Taken(tier, _text(lane), _text(tenant), bytes(entry_id), bytes(job))
+
+    def wake_keys(self, tier: str, consumer: str) -> list[str]:
+        """What an idle worker blocks on (``BLPOP``): its wake list, then the tier's bell."""
+        return [self._keys.wake(tier, consumer), self._keys.bell(tier)]
+
+    def handed(self, tier: str, payload: bytes) -> Taken:
+        """The job of a wake-list item (``<entry id> <tenant length> <tenant><job>``)."""
+        entry_id, size, rest = payload.split(b" ", 2)
+        cut = int(size)
+        return Taken(tier, DIRECT_LANE, rest[:cut].decode(), entry_id, rest[cut:], claimed=True)
+
+    async def withdraw(self, tier: str, consumer: str) -> list[Taken]:
+        """Stop being handed jobs of ``tier``; the ones handed over and not yet collected."""
+        got: Any = await self._withdraw(
+            keys=[self._keys.idle(tier), self._keys.wake(tier, consumer)], args=[consumer]
+        )
+        return [self.handed(tier, bytes(item)) for item in got or ()]
 
     def ack_later(self, taken: Taken) -> bool:
         """Queue the acknowledgement on the coalescer; ``False`` (nothing done) when there is

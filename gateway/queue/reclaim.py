@@ -67,12 +67,20 @@ class Reclaimer:
             )
 
     async def take_over(
-        self, request_id: str, worker_id: str, ttl_s: int, edge: str, *, started_by: str = ""
+        self,
+        tier: str,
+        request_id: str,
+        worker_id: str,
+        ttl_s: int,
+        edge: str,
+        *,
+        started_by: str = "",
     ) -> TakeOver:
         """``started_by``: the worker an entry names as its owner (a job started at once, which
         has no claim key), treated as the claim when there is none."""
         prefix = self._keys.worker_heartbeat("")
         result: Any = await self._take_over(
-            keys=[self._keys.claim(request_id)], args=[worker_id, ttl_s, edge, prefix, started_by]
+            keys=[self._keys.claim(tier, request_id)],
+            args=[worker_id, ttl_s, edge, prefix, started_by],
         )
         return result.decode() if isinstance(result, bytes) else str(result)

@@ -9,6 +9,11 @@ with no replica in the pool (no slot to reserve) is limited by a per-process cou
 The edge of the same process may also hand a job over directly (``start_now``, see
 ``gateway.queue.direct``): when it would be taken at once anyway, it starts without waiting in a
 stream, and its replies go straight to the waiter instead of through the reply stream.
+
+A worker that holds a reserved slot and finds nothing to take is registered as idle by the take
+script and blocks on its own wake list and the tier's bell: an edge (of any process) whose job
+need not wait hands it over on the wake list, claim taken (``gateway.queue.lanes``), so the
+worker starts it without a take or a claim of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -47,6 +53,8 @@ _REPLY_RETRY_S = (0.01, 0.05, 0.2)
 """Pauses before sending a reply again: a chunk is not given up on a passing error."""
 _HEARTBEAT_S = 2.0
 _BELL_S = 1.0
+_IDLE_MS = int(_BELL_S * 2000)
+"""How long an idle registration lasts: a waiting worker renews it every bell period."""
 _NO_SLOT_S = (0.002, 0.05)
 _SVC_ALPHA = 0.2
 _SVC_PUBLISH_S = 0.5
@@ -210,6 +218,15 @@ class Worker:
                 task.cancel()
             _done, pending = await asyncio.wait(pending, timeout=1.0)
         self._tasks.clear()
+        for tier in self._capacity:
+            try:
+                handed = await self._lanes.withdraw(tier, self.worker_id)
+            except (RedisError, OSError) as exc:
+                # Anything handed over meanwhile is reclaimed once our heartbeat is gone.
+                log.warning("worker cannot withdraw from %s: %s", tier, type(exc).__name__)
+                continue
+            for taken in handed:  # handed over before we stopped: run it within the grace
+                self._spawn(taken, None, None)
 
     async def aclose(self, *, drain_s: float = 10.0) -> None:
         """Graceful stop: take no new job, let running ones finish within ``drain_s``, hand back
@@ -287,6 +304,7 @@ class Worker:
         deployments = self._tiers.get(tier, [])
         slot_keys = self._pool.slot_keys(deployments)
         batch_limit = self._batch_limit(tier, slot_keys)
+        wake_keys = self._lanes.wake_keys(tier, self.worker_id)
         local = asyncio.Semaphore(slots)
         backoff = 0.05
         reservation: Reservation | None = None
@@ -306,11 +324,17 @@ class Worker:
                         have_local = True
                     pause = _NO_SLOT_S[0]
                     taken = await self._lanes.take(
-                        tier, self.worker_id, slot_keys=slot_keys, batch_limit=batch_limit
+                        tier,
+                        self.worker_id,
+                        slot_keys=slot_keys,
+                        batch_limit=batch_limit,
+                        idle_ms=_IDLE_MS,
                     )
                     if taken is None:
-                        await self._blocking.blpop([self._keys.bell(tier)], timeout=_BELL_S)
-                        continue
+                        woke: Any = await self._blocking.blpop(wake_keys, timeout=_BELL_S)
+                        if woke is None or woke[0] != wake_keys[0].encode():
+                            continue  # the bell (or nothing): take again
+                        taken = self._lanes.handed(tier, bytes(woke[1]))
                 except (RedisError, OSError) as exc:
                     log.warning("worker cannot take from %s: %s", tier, type(exc).__name__)
                     await asyncio.sleep(backoff)
@@ -337,22 +361,17 @@ class Worker:
     ) -> None:
         """Run a taken job. ``reclaimed``: taken over from a dead worker (a string: the worker
         its entry names, for a job that was started at once). ``job`` and ``deliver``: a job
-        started at once (``start_now``), already owned, answering its waiter directly."""
+        started at once (``start_now``), already owned, answering its waiter directly. A job
+        handed over by an enqueue (``taken.claimed``) is owned too: it runs like one started at
+        once (its deadline is left to the backend timeouts), answering through the reply
+        stream."""
         ack = True
         acked = False
         self._active.add(taken)
         try:
             if job is None:
-                try:
-                    job = Job.decode(taken.job)
-                except (KeyError, ValueError, TypeError) as exc:
-                    log.error("dropping malformed job %s: %s", taken.entry_id, exc)
-                    return
-                if not reclaimed and self._cannot_finish(taken.tier, job):
-                    return  # left to the edge, which answers 504 at the deadline
-                owner = await self._own(job, reclaimed)
-                if owner != "mine":
-                    ack = owner == "edge"  # "alive": its worker lives (slow renewal), leave it
+                job, ack = await self._accept(taken, reclaimed)
+                if job is None:
                     return
             self._tracing.adopt(job)  # this task's spans join the job's trace
             emit = self._emitter(job, deliver)
@@ -383,7 +402,7 @@ class Worker:
             ack = False
             if job is not None:
                 with contextlib.suppress(RedisError, OSError):
-                    await self._release_claim(job)
+                    await self._release_claim(taken.tier, job)
             raise
         except Exception:
             log.exception("job %s failed in the worker", taken.entry_id)
@@ -396,6 +415,23 @@ class Worker:
             if ack and not acked:
                 with contextlib.suppress(RedisError, OSError):
                     await self._lanes.ack(taken)
+
+    async def _accept(self, taken: Taken, reclaimed: bool | str) -> tuple[Job | None, bool]:
+        """The job of ``taken`` if this worker is to run it; else ``None``, and whether to
+        acknowledge its entry (dropped) or to leave it (the worker that runs it lives)."""
+        try:
+            job = Job.decode(taken.job)
+        except (KeyError, ValueError, TypeError) as exc:
+            log.error("dropping malformed job %s: %s", taken.entry_id, exc)
+            return None, True
+        if taken.claimed:
+            return job, True  # handed over by an enqueue, claim taken for us
+        if not reclaimed and self._cannot_finish(taken.tier, job):
+            return None, True  # left to the edge, which answers 504 at the deadline
+        owner = await self._own(taken.tier, job, reclaimed)
+        if owner == "mine":
+            return job, True
+        return None, owner == "edge"  # "alive": its worker lives (slow renewal), leave it
 
     async def _book(self, taken: Taken, entry: LedgerEntry) -> bool:
         """Write the job's ledger entry; whether its acknowledgement went out with it (queued
@@ -428,26 +464,27 @@ class Worker:
         with contextlib.suppress(RedisError, OSError):
             await self._redis.set(self._keys.service_time(tier), f"{value:.4f}", ex=3600)
 
-    async def _own(self, job: Job, reclaimed: bool | str) -> str:
+    async def _own(self, tier: str, job: Job, reclaimed: bool | str) -> str:
         """``mine`` (run it), ``edge`` (the edge answered 504 and booked it: drop it) or
         ``alive`` (a reclaimed job whose worker still lives: leave it)."""
         if reclaimed:
             started_by = reclaimed if isinstance(reclaimed, str) else ""
             return await self._reclaimer.take_over(
+                tier,
                 job.request_id,
                 self.worker_id,
                 self._claim_ttl(job),
                 EDGE_CLAIM,
                 started_by=started_by,
             )
-        return "mine" if await self._claim(job) else "edge"
+        return "mine" if await self._claim(tier, job) else "edge"
 
     def _claim_ttl(self, job: Job) -> int:
         return max(int(job.deadline - time.time()) + self._claim_ttl_s, self._claim_ttl_s)
 
-    async def _claim(self, job: Job) -> bool:
+    async def _claim(self, tier: str, job: Job) -> bool:
         won = await self._redis.set(
-            self._keys.claim(job.request_id), self.worker_id, nx=True, ex=self._claim_ttl(job)
+            self._keys.claim(tier, job.request_id), self.worker_id, nx=True, ex=self._claim_ttl(job)
         )
         return bool(won)
 
@@ -460,8 +497,8 @@ class Worker:
         except (RedisError, OSError) as exc:
             log.warning("cannot keep the answer of %s: %s", job.request_id, type(exc).__name__)
 
-    async def _release_claim(self, job: Job) -> None:
-        key = self._keys.claim(job.request_id)
+    async def _release_claim(self, tier: str, job: Job) -> None:
+        key = self._keys.claim(tier, job.request_id)
         if await self._redis.get(key) == self.worker_id.encode():
             await self._redis.delete(key)
 

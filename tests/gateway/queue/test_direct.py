@@ -110,4 +110,4 @@ async def test_a_job_started_at_once_by_a_process_that_died_is_reclaimed_and_run
     finally:
         await survivor.aclose()
     assert [e.request_id for e in booked.entries] == ["r1"]
-    assert await redis_conn.get(keys.claim("r1")) == b"survivor"
+    assert await redis_conn.get(keys.claim("small", "r1")) == b"survivor"

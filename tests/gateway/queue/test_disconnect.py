@@ -24,7 +24,7 @@ async def test_a_queued_job_whose_client_left_is_never_run(
     waiting = job("r1", edge.edge_id)
     replies = await edge.dispatcher.submit(waiting)  # no worker yet: it waits in Redis
     assert await edge.dispatcher.abandon(waiting)  # the edge owns it now: it books the 499
-    assert await redis_conn.get(keys.claim("r1")) == EDGE_CLAIM.encode()
+    assert await redis_conn.get(keys.claim("small", "r1")) == EDGE_CLAIM.encode()
     await replies.aclose()  # type: ignore[attr-defined]
     booked = Collect()
     node = await start_node(redis_conn, keys, [sim], booked, "w1")

@@ -76,7 +76,7 @@ async def test_deadline_without_worker_is_504_and_the_edge_owns_it(
         with pytest.raises(DeadlineExceeded):
             await anext(stream)
         assert 0.25 < time.monotonic() - started < 1.5
-        assert await redis_conn.get(keys.claim("r1")) == EDGE_CLAIM.encode()
+        assert await redis_conn.get(keys.claim("small", "r1")) == EDGE_CLAIM.encode()
 
         # A worker that comes later finds the job claimed: it neither runs nor books it.
         booked = _Collect()
@@ -133,7 +133,7 @@ async def test_worker_that_claims_first_answers_and_books(
         await asyncio.sleep(0.1)
         assert [e.request_id for e in booked.entries] == ["r2"]
         assert booked.entries[0].outcome == "upstream_error"
-        assert await redis_conn.get(keys.claim("r2")) == b"w2"
+        assert await redis_conn.get(keys.claim("small", "r2")) == b"w2"
     finally:
         await worker.aclose()
         await replies.aclose()

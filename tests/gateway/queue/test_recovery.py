@@ -39,7 +39,7 @@ async def test_a_killed_workers_job_is_reclaimed_and_answered_once(
         assert line.strip() == b"ready"
         answer = asyncio.create_task(edge.call(job("r1", edge.edge_id, timeout_s=30)))
         await until(lambda: sim.now == 1, 10)  # the doomed worker is calling the replica
-        assert await redis_conn.get(keys.claim("r1")) == b"doomed"
+        assert await redis_conn.get(keys.claim("small", "r1")) == b"doomed"
         proc.send_signal(signal.SIGKILL)
         await asyncio.wait_for(proc.wait(), 5)
     finally:
@@ -56,7 +56,7 @@ async def test_a_killed_workers_job_is_reclaimed_and_answered_once(
         await survivor.aclose()
     assert reply.kind == "result"
     assert [e.request_id for e in booked.entries] == ["r1"]
-    assert await redis_conn.get(keys.claim("r1")) == b"survivor"
+    assert await redis_conn.get(keys.claim("small", "r1")) == b"survivor"
     assert sim.peak <= 2
     stream = keys.jobs("small", "standard", "acme")
     assert await redis_conn.xlen(stream) == 0  # acknowledged and deleted once finished
