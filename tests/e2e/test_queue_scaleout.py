@@ -35,6 +35,7 @@ from tests.support import (
 SMALL = "llama-3.1-8b-instruct"
 CAPACITY = 4
 REQUESTS = 48
+GLOBEX_RPM = 10
 
 
 def _own_config(config: Path, workdir: Path, name: str, **server: int) -> Path:
@@ -74,6 +75,7 @@ def cluster(tmp_path: Path, redis_url: str) -> Iterator[dict[str, object]]:
     )  # fmt: skip
     data = yaml.safe_load(config.read_text())
     data["deployments"][0]["replicas"][0]["max_num_seqs"] = CAPACITY
+    data["tenants"]["globex"]["requests_per_minute"] = GLOBEX_RPM  # a limit both edges share
     config.write_text(yaml.safe_dump(data))
     procs: list[Proc] = []
     try:
@@ -158,5 +160,48 @@ async def test_two_edges_two_workers_one_killed(cluster: dict[str, object]) -> N
     # survivor may hold them all); reclaiming an orphan is asserted deterministically by
     # tests/gateway/queue/test_recovery.py. Here: whatever the kill hit, nothing was lost.
     for request_id in statuses:
+        entry = await wait_entry(str(cluster["database_url"]), request_id, timeout_s=30)
+        assert entry.outcome == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_rate_limit_holds_across_both_edges(cluster: dict[str, object]) -> None:
+    urls: list[str] = cluster["urls"]  # type: ignore[assignment]
+    clients = [
+        openai.AsyncOpenAI(base_url=u, api_key=TEST_KEYS["TIERGATE_KEY_GLOBEX"], max_retries=0)
+        for u in urls
+    ]
+    outcomes: dict[str, tuple[int, str | None]] = {}
+
+    async def one(i: int) -> None:
+        try:
+            raw = await clients[i % 2].chat.completions.with_raw_response.create(
+                model=SMALL, messages=[{"role": "user", "content": f"Hi {i}"}], max_tokens=5
+            )
+            outcomes[raw.headers["x-request-id"]] = (200, None)
+        except openai.APIStatusError as exc:
+            retry_after = exc.response.headers.get("retry-after")
+            outcomes[exc.response.headers["x-request-id"]] = (exc.status_code, retry_after)
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(3 * GLOBEX_RPM)))
+    elapsed = time.monotonic() - started
+    for client in clients:
+        await client.close()
+
+    assert len(outcomes) == 3 * GLOBEX_RPM  # every request one status
+    answered = [rid for rid, (status, _) in outcomes.items() if status == 200]
+    refused = {rid: ra for rid, (status, ra) in outcomes.items() if status == 429}
+    assert len(answered) + len(refused) == len(outcomes)
+    # One bucket for the tenant, whichever edge a request reached: a minute's allowance, plus
+    # what refilled (one request every 60 / GLOBEX_RPM s) while the burst lasted.
+    refill = int(elapsed * GLOBEX_RPM / 60)
+    assert GLOBEX_RPM <= len(answered) <= GLOBEX_RPM + refill, (len(answered), elapsed)
+    assert all(ra is not None and int(ra) >= 1 for ra in refused.values())
+    for request_id in refused:
+        entry = await wait_entry(str(cluster["database_url"]), request_id, timeout_s=30)
+        assert entry.status_code == 429 and entry.outcome == "rate_limit_exceeded"
+    for request_id in answered:
         entry = await wait_entry(str(cluster["database_url"]), request_id, timeout_s=30)
         assert entry.outcome == "ok"
