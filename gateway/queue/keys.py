@@ -90,7 +90,13 @@ class RedisKeys:
     ledger_group: str = "ledger"
 
     def worker_heartbeat(self, worker_id: str) -> str:
+        """A worker's liveness for readiness checks (``worker_pattern``)."""
         return f"{self.prefix}:workers:{worker_id}"
+
+    def tier_heartbeat(self, tier: str, worker_id: str) -> str:
+        """The same, once per tier the worker serves, in the tier's slot: what the reclaim
+        script reads, beside the claim key it declares."""
+        return f"{self.prefix}:{{q:{tier}}}:workers:{worker_id}"
 
     @property
     def worker_pattern(self) -> str:

@@ -78,7 +78,7 @@ class Reclaimer:
     ) -> TakeOver:
         """``started_by``: the worker an entry names as its owner (a job started at once, which
         has no claim key), treated as the claim when there is none."""
-        prefix = self._keys.worker_heartbeat("")
+        prefix = self._keys.tier_heartbeat(tier, "")  # + the owner: in the claim's slot
         result: Any = await self._take_over(
             keys=[self._keys.claim(tier, request_id)],
             args=[worker_id, ttl_s, edge, prefix, started_by],

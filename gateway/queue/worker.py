@@ -239,15 +239,26 @@ class Worker:
             if pending:
                 await asyncio.wait(pending, timeout=2.0)
         with contextlib.suppress(RedisError, OSError):
-            await self._redis.delete(self._keys.worker_heartbeat(self.worker_id))
+            await self._redis.delete(*self._heartbeat_keys())
+
+    def _heartbeat_keys(self) -> list[str]:
+        """One for readiness, one per tier for the reclaim scripts (each in its tier's slot)."""
+        k = self._keys
+        return [
+            k.worker_heartbeat(self.worker_id),
+            *(k.tier_heartbeat(tier, self.worker_id) for tier in self._capacity),
+        ]
 
     async def _heartbeat(self) -> None:
-        key = self._keys.worker_heartbeat(self.worker_id)
+        keys = self._heartbeat_keys()
+        tiers = ",".join(self._capacity)
+        ttl_ms = int(self._heartbeat_s * 3000)
         while not self._stopping:
             with contextlib.suppress(RedisError, OSError):
-                await self._redis.set(
-                    key, ",".join(self._capacity), px=int(self._heartbeat_s * 3000)
-                )
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.set(key, tiers, px=ttl_ms)
+                    await pipe.execute()
             await asyncio.sleep(self._heartbeat_s)
 
     async def _renew(self) -> None:

@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.queue.keys import RedisKeys
+from gateway.queue.reclaim import Reclaimer
 from tests.gateway.queue.conftest import Collect, Edge, job, start_node, until
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,3 +61,27 @@ async def test_a_killed_workers_job_is_reclaimed_and_answered_once(
     assert sim.peak <= 2
     stream = keys.jobs("small", "standard", "acme")
     assert await redis_conn.xlen(stream) == 0  # acknowledged and deleted once finished
+
+
+async def test_a_live_workers_claim_is_left_alone_until_its_heartbeat_goes(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    start_sim,  # type: ignore[no-untyped-def]
+) -> None:
+    sim = await start_sim(2)
+    keys = RedisKeys(key_prefix)
+    reclaimer = Reclaimer(redis_conn, keys, min_idle_ms=1000)
+    node = await start_node(redis_conn, keys, [sim], Collect(), "w-live", heartbeat_s=2.0)
+    try:
+        # Its heartbeat for the tier sits in the tier's slot, beside the claim keys.
+        beat = keys.tier_heartbeat("small", "w-live")
+        assert "{q:small}" in beat and "{q:small}" in keys.claim("small", "r-x")
+        await until(lambda: redis_conn.exists(beat), 5)
+        await redis_conn.set(keys.claim("small", "r-x"), "w-live", ex=60)
+        await redis_conn.delete(keys.worker_heartbeat("w-live"))  # readiness's: not the one read
+        assert await reclaimer.take_over("small", "r-x", "w-other", 60, "edge") == "alive"
+    finally:
+        await node.aclose()  # stops beating: its heartbeats are deleted
+    assert not await redis_conn.exists(beat)
+    assert await reclaimer.take_over("small", "r-x", "w-other", 60, "edge") == "mine"
+    assert await redis_conn.get(keys.claim("small", "r-x")) == b"w-other"
