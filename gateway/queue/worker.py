@@ -354,6 +354,9 @@ class Worker:
                 backoff = 0.05
                 self._spawn(taken, reservation, local if have_local else None)
                 reservation, have_local = None, False
+                # Let the job reach its backend call before this loop's next reservation and
+                # take go to Redis: their sends would otherwise come first on the loop.
+                await asyncio.sleep(0)
         finally:
             if reservation is not None:
                 await self._pool.release(reservation)
