@@ -42,7 +42,7 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The overhead bench (docs/bench.md): ~15 min; BENCH_ARGS="--soak-s 60 --point-s 5" for a shorter run.
+# The overhead bench (docs/bench.md): ~17 min; BENCH_ARGS="--soak-s 60 --point-s 5" for a shorter run.
 bench: setup
 	$(BIN)/python -m bench.overhead $(BENCH_ARGS)
 
@@ -54,7 +54,7 @@ $(LITELLM_VENV)/.installed: bench/litellm-proxy.txt
 	$(LITELLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r bench/litellm-proxy.txt
 	@touch $@
 
-# tiergate against LiteLLM's proxy, same load, one run (docs/bench.md): ~7 min, plus ~3 min
+# tiergate against LiteLLM's proxy, same load, one run (docs/bench.md): ~9 min, plus ~3 min
 # the first time to create LiteLLM's virtualenv. BENCH_ARGS="--point-s 3" for a shorter run.
 bench-compare: setup $(LITELLM_VENV)/.installed
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)

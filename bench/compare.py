@@ -4,7 +4,7 @@ LiteLLM's proxy, in alternating blocks, both gateways pinned to the same core (o
 time, the other idle). Each gateway's figures as ``overhead.json`` has them, and their ratios.
 See docs/bench.md ("tiergate against LiteLLM's proxy").
 
-    make bench-compare                      # ~7 min (the first time ~3 more: bench/.venv-litellm)
+    make bench-compare                      # ~9 min (the first time ~3 more: bench/.venv-litellm)
     .venv/bin/python -m bench.compare       # the same, once that virtualenv exists
     .venv/bin/python -m bench.compare --point-s 3 --stream-point-s 5 \\
         --out "$(mktemp -d)/compare.json" --label "a look"      # ~3 min

@@ -1,7 +1,7 @@
 """What tiergate adds on top of a backend: the same load sent to a simulator directly and through
 the gateway, alternating in short blocks in one run. See docs/bench.md.
 
-    make bench                                          # the full run (~15 min), or:
+    make bench                                          # the full run (~17 min), or:
     .venv/bin/python -m bench.overhead                  # the same
     .venv/bin/python -m bench.overhead --point-s 4 --soak-s 20 --rates 100 300 --out /tmp/o.json
     .venv/bin/python -m bench.overhead --sim-port 8101 \\
