@@ -6,13 +6,16 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 import yaml
 
 __all__ = [
@@ -234,3 +237,22 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+@contextmanager
+def uvicorn_in_thread(config: uvicorn.Config) -> Iterator[None]:
+    """A real uvicorn server on ``config``, in a thread of the test's process, until the block
+    ends (the test's own small ASGI app, where a whole ``tiergate serve`` is not needed)."""
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -6,17 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from gateway.api.head_with_body import HeadWithFirstBody
 from gateway.server import _uvicorn_config
-from tests.support import free_port
+from tests.support import free_port, uvicorn_in_thread
 
 
 class Recording(asyncio.Transport):
@@ -101,17 +98,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture(scope="module")
 def server() -> Iterator[int]:
     port = free_port()
-    config = _uvicorn_config(_app, "127.0.0.1", port)  # type: ignore[arg-type]
-    instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not instance.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield port
-    instance.should_exit = True
-    thread.join(10)
+    with uvicorn_in_thread(_uvicorn_config(_app, "127.0.0.1", port)):  # type: ignore[arg-type]
+        yield port
 
 
 def _exchange(port: int, request: bytes, *, until: bytes) -> bytes:

@@ -5,17 +5,14 @@ server built the way ``tiergate serve`` builds its own."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import uvicorn
-
 from gateway.server import _uvicorn_config
 from gateway.settings import ServerSettings
-from tests.support import free_port
+from tests.support import free_port, uvicorn_in_thread
 
 _REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -35,20 +32,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @contextmanager
 def _server(keep_alive_s: int) -> Iterator[int]:
     port = free_port()
-    server = uvicorn.Server(
-        _uvicorn_config(_app, "127.0.0.1", port, keep_alive_s=keep_alive_s)  # type: ignore[arg-type]
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    try:
+    with uvicorn_in_thread(_uvicorn_config(_app, "127.0.0.1", port, keep_alive_s=keep_alive_s)):  # type: ignore[arg-type]
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def _answered(sock: socket.socket) -> bool:

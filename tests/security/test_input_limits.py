@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from gateway.api.stream_idle import idle_limited
 from gateway.errors import DeadlineExceeded
 from gateway.settings import Settings
 from tests.gateway.auth.conftest import auth_settings
-from tests.support import free_port
+from tests.support import free_port, uvicorn_in_thread
 
 ACME = {"authorization": "Bearer dev-acme"}
 LIMITS = {
@@ -118,16 +117,8 @@ def limited_server() -> Iterator[int]:
         lifespan="off",
         log_level="error",
     )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield port
-    server.should_exit = True
-    thread.join(10)
+    with uvicorn_in_thread(config):
+        yield port
 
 
 def _raw(port: int, request: bytes) -> bytes:
