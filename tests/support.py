@@ -10,7 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -256,3 +256,43 @@ def uvicorn_in_thread(config: uvicorn.Config) -> Iterator[None]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextmanager
+def stack_with_own_redis(
+    workdir: Path, profile: str, *, edit: Callable[[dict[str, Any]], None] | None = None
+) -> Iterator[tuple[RedisServer, str, str]]:
+    """A simulator of ``profile`` and a ``tiergate serve`` on a redis-server of the test's own
+    (no persistence: the test may stop it, or restart it empty) and a SQLite ledger; ``edit``
+    may change the config first. Yields that Redis, the gateway's base URL and the ledger's
+    database URL."""
+    redis_server = RedisServer(workdir)
+    redis_server.start()
+    procs: list[Proc] = []
+    try:
+        sim_port = free_port()
+        sim, _usage = start_sim(profile, sim_port, workdir)
+        procs.append(sim)
+        port = free_port()
+        database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
+        config = gateway_config(
+            workdir=workdir,
+            redis_url=redis_server.url,
+            prefix="tgtest",
+            database_url=database_url,
+            sim_ports={profile: sim_port},
+            port=port,
+            admin_port=free_port(),
+        )
+        if edit is not None:
+            data = yaml.safe_load(config.read_text())
+            edit(data)
+            config.write_text(yaml.safe_dump(data))
+        gateway = start_gateway(config, workdir)
+        procs.append(gateway)
+        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
+        yield redis_server, f"http://127.0.0.1:{port}", database_url
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        redis_server.stop()

@@ -7,23 +7,14 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from gateway.accounting.ledger import SqlLedger
 from tests.e2e.ledger import wait_entry
-from tests.support import (
-    TEST_KEYS,
-    Proc,
-    RedisServer,
-    free_port,
-    gateway_config,
-    start_gateway,
-    start_sim,
-    wait_ready,
-)
+from tests.support import TEST_KEYS, RedisServer, stack_with_own_redis
 
 SMALL = "llama-3.1-8b-instruct"
 BODY = {"model": "small", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
@@ -35,35 +26,11 @@ RPM = 6
 
 @pytest.fixture
 def own_stack(tmp_path: Path) -> Iterator[tuple[RedisServer, str, str]]:
-    redis_server = RedisServer(tmp_path)  # no persistence: a restart loses every key
-    redis_server.start()
-    procs: list[Proc] = []
-    try:
-        sim_port = free_port()
-        sim, _usage = start_sim(SMALL, sim_port, tmp_path)
-        procs.append(sim)
-        port = free_port()
-        database_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
-        config = gateway_config(
-            workdir=tmp_path,
-            redis_url=redis_server.url,
-            prefix="tgtest",
-            database_url=database_url,
-            sim_ports={SMALL: sim_port},
-            port=port,
-            admin_port=free_port(),
-        )
-        data = yaml.safe_load(config.read_text())
-        data["tenants"]["acme"]["requests_per_minute"] = RPM
-        config.write_text(yaml.safe_dump(data))
-        gateway = start_gateway(config, tmp_path)
-        procs.append(gateway)
-        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
-        yield redis_server, f"http://127.0.0.1:{port}", database_url
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        redis_server.stop()
+    def limit_acme(config: dict[str, Any]) -> None:
+        config["tenants"]["acme"]["requests_per_minute"] = RPM
+
+    with stack_with_own_redis(tmp_path, SMALL, edit=limit_acme) as stack:
+        yield stack
 
 
 async def test_after_redis_restarts_empty_limits_and_keys_are_rebuilt_from_sql(

@@ -11,16 +11,7 @@ import httpx
 import pytest
 
 from tests.e2e.ledger import wait_entry
-from tests.support import (
-    TEST_KEYS,
-    Proc,
-    RedisServer,
-    free_port,
-    gateway_config,
-    start_gateway,
-    start_sim,
-    wait_ready,
-)
+from tests.support import TEST_KEYS, RedisServer, stack_with_own_redis
 
 SMALL = "llama-3.1-8b-instruct"
 BODY = {"model": "small", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
@@ -29,32 +20,8 @@ HEADERS = {"authorization": f"Bearer {TEST_KEYS['TIERGATE_KEY_ACME']}"}
 
 @pytest.fixture
 def own_stack(tmp_path: Path) -> Iterator[tuple[RedisServer, str, str]]:
-    redis_server = RedisServer(tmp_path)
-    redis_server.start()
-    procs: list[Proc] = []
-    try:
-        sim_port = free_port()
-        sim, _usage = start_sim(SMALL, sim_port, tmp_path)
-        procs.append(sim)
-        port = free_port()
-        database_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
-        config = gateway_config(
-            workdir=tmp_path,
-            redis_url=redis_server.url,
-            prefix="tgtest",
-            database_url=database_url,
-            sim_ports={SMALL: sim_port},
-            port=port,
-            admin_port=free_port(),
-        )
-        gateway = start_gateway(config, tmp_path)
-        procs.append(gateway)
-        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
-        yield redis_server, f"http://127.0.0.1:{port}", database_url
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        redis_server.stop()
+    with stack_with_own_redis(tmp_path, SMALL) as stack:
+        yield stack
 
 
 async def test_redis_outage_and_recovery(own_stack: tuple[RedisServer, str, str]) -> None:
