@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +41,7 @@ from bench.overhead import (  # noqa: E402
     make_prompts,
     pinning,
     prepare_tiergate,
+    publish,
     running_stack,
     wait_answering,
 )
@@ -302,17 +302,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = uvloop.run(run(args, pin))
     if args.label:
         results = {"label": args.label, **results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
-    print(f"wrote {args.out} ({results['wall_s']} s)")
-    if not args.no_plot:
-        plot = args.plot or args.out.with_suffix(".png")
-        compare_report.plot(results, plot)
-        print(f"wrote {plot}")
-    print()
-    print(compare_report.markdown(results))
-    if not results["clean"]:
-        print(f"\nTHIS RUN HAD {results['errors_total']} ERRORS (see 'errors' in each point)")
+    publish(args, results, compare_report.plot, compare_report.markdown)
 
 
 if __name__ == "__main__":

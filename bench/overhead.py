@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -507,15 +507,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     pin = pinning(args)
     results = uvloop.run(run(args, pin))
+    publish(args, results, overhead_report.plot, overhead_report.markdown)
+
+
+def publish(
+    args: argparse.Namespace,
+    results: dict[str, Any],
+    plot: Callable[[dict[str, Any], Path], None],
+    markdown: Callable[[dict[str, Any]], str],
+) -> None:
+    """Write a run's JSON (and plot, unless ``--no-plot``) and print its table."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
     print(f"wrote {args.out} ({results['wall_s']} s)")
     if not args.no_plot:
-        plot = args.plot or args.out.with_suffix(".png")
-        overhead_report.plot(results, plot)
-        print(f"wrote {plot}")
+        image = args.plot or args.out.with_suffix(".png")
+        plot(results, image)
+        print(f"wrote {image}")
     print()
-    print(overhead_report.markdown(results))
+    print(markdown(results))
     if not results["clean"]:
         print(f"\nTHIS RUN HAD {results['errors_total']} ERRORS (see 'errors' in each point)")
 
