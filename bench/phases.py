@@ -134,13 +134,13 @@ async def streaming(
     args: argparse.Namespace, direct: Target, gateways: Sequence[Gateway], prompts: Prompts
 ) -> Points:
     points: Points = {g.name: [] for g in gateways}
+    stream_s = args.itl_ms / 1000 * args.max_tokens  # one stream's length
     for c in args.stream_concurrency:
 
         async def run(s: aiohttp.ClientSession, t: Target, d: float, c: int = c) -> StreamBlock:
-            spread = min(args.itl_ms / 1000 * args.max_tokens, d / 2)  # one stream's length
+            spread = min(stream_s, d / 2)
             return await stream_block(s, t, prompts, concurrency=c, duration_s=d, spread_s=spread)
 
-        stream_s = args.itl_ms / 1000 * args.max_tokens
         point_s = max(args.stream_point_s, args.stream_min_streams * stream_s / c)
         measured, metrics = await measure_point(
             direct, gateways, c, run, warmup_s=0.01, point_s=point_s,
