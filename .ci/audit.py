@@ -1,5 +1,8 @@
 # ruff: noqa: T201, S603  (a CI script: it prints, and runs pip-audit from this venv)
-"""Known-vulnerability check of requirements.lock with pip-audit (docs/security.md).
+"""Known-vulnerability check of the locked requirements with pip-audit (docs/security.md).
+
+The locks: ``requirements.lock`` (what tiergate installs) and ``bench/litellm-proxy.txt`` (the
+LiteLLM proxy ``make bench-compare`` installs beside it, in a venv of its own).
 
 Fails (exit 1) when pip-audit reports a known vulnerability in a locked package, unless its id
 is listed with a reason in .ci/audit-ignore.txt. pip-audit asks PyPI's JSON API (or OSV) about
@@ -18,8 +21,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+LOCKS = (ROOT / "requirements.lock", ROOT / "bench" / "litellm-proxy.txt")
 
 
 def _ignored() -> set[str]:
@@ -30,13 +35,14 @@ def _ignored() -> set[str]:
     return {line for line in lines if line}
 
 
-def main() -> int:
+def _audit(lock: Path) -> list[dict[str, Any]] | None:
+    """pip-audit's findings for every package of ``lock``; ``None`` if it made no report."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "audit.json"
         done = subprocess.run(
             [
                 sys.executable, "-m", "pip_audit",
-                "-r", str(ROOT / "requirements.lock"),
+                "-r", str(lock),
                 "--disable-pip", "--no-deps", "--progress-spinner", "off",
                 "-f", "json", "-o", str(report),
             ],
@@ -46,9 +52,19 @@ def main() -> int:
         )  # fmt: skip
         if not report.exists():
             print(done.stderr, file=sys.stderr)
-            print("audit: pip-audit produced no report", file=sys.stderr)
+            print(f"audit: pip-audit produced no report for {lock.name}", file=sys.stderr)
+            return None
+        deps: list[dict[str, Any]] = json.loads(report.read_text())["dependencies"]
+        return deps
+
+
+def main() -> int:
+    deps: list[dict[str, Any]] = []
+    for lock in LOCKS:
+        audited = _audit(lock)
+        if audited is None:
             return 2
-        deps = json.loads(report.read_text())["dependencies"]
+        deps.extend(audited)
     skipped = [d["name"] for d in deps if "skip_reason" in d]
     ignored = _ignored()
     found = [
@@ -59,7 +75,10 @@ def main() -> int:
     ]
     for name, version, vuln in found:
         print(f"audit: {name} {version}: {vuln}", file=sys.stderr)
-    print(f"audit: {len(deps)} locked packages, {len(skipped)} not audited, {len(found)} known")
+    print(
+        f"audit: {len(deps)} locked packages in {len(LOCKS)} locks, "
+        f"{len(skipped)} not audited, {len(found)} known"
+    )
     if found:
         return 1
     if skipped:
