@@ -3,6 +3,9 @@
 Each edge process owns one reply stream. A single reader task blocks on it and hands every event
 to the waiter of its request, so a thousand in-flight requests cost one blocking read, not a
 thousand. When Redis cannot be read, every waiter is failed at once (503), never left hanging.
+
+Entries are read once, so what was read is trimmed, but at most once a second (``trim_every_s``):
+a trim per read would put a Redis command on every reply's path.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -27,10 +31,19 @@ _Item = Reply | BaseException
 
 
 class ReplyRouter:
-    def __init__(self, redis: aioredis.Redis, stream_key: str, *, block_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        stream_key: str,
+        *,
+        block_ms: int = 1000,
+        trim_every_s: float = 1.0,
+    ) -> None:
         self._redis = redis
         self._key = stream_key
         self._block_ms = block_ms
+        self._trim_every_s = trim_every_s
+        self._trimmed_at = time.monotonic()
         self._waiters: dict[str, asyncio.Queue[_Item]] = {}
         self._task: asyncio.Task[None] | None = None
         self._last_id = b"0-0"
@@ -74,8 +87,8 @@ class ReplyRouter:
             for entry_id, fields in entries:
                 self._last_id = entry_id
                 self._deliver(fields)
-            if entries:
-                # Entries are consumed once; trimming what was read keeps the stream short.
+            if entries and time.monotonic() - self._trimmed_at >= self._trim_every_s:
+                self._trimmed_at = time.monotonic()
                 with contextlib.suppress(RedisError, OSError):
                     await self._redis.xtrim(self._key, minid=self._last_id, approximate=True)
 
