@@ -4,6 +4,16 @@ A replica's slots are one sorted set (``RedisKeys.slots``) of lease ids scored b
 milliseconds of Redis's own clock. Taking a slot is one Lua script: drop expired leases, refuse
 when ``limit`` are held, else add the lease. A holder renews its leases well within the lease
 time; a process that dies stops renewing, so its slots come back when the leases expire.
+
+A renewal only extends leases that are still there: a lease released while its
+renewal was on the way is not brought back. After a Redis loss, though, every lease is gone
+while its job still runs, and new leases would be granted on top of them. So each tier's slot
+sets have an *epoch* (``…:slots-epoch``, kept alive by the renewals): a renewal that finds it
+missing starts a new one, and a holder whose last renewal saw another epoch (or none: its first)
+adds its leases back, whether they were there or not. Every holder has its leases back within
+one renewal period (a third of the lease time) of the loss; until then a replica may be given
+more than its capacity. A lease released at the very moment of such a restoring renewal can come
+back with it; nobody renews it, so it lapses within the lease time.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ import redis.asyncio as aioredis
 
 from gateway.coalescer import Coalescer
 
-__all__ = ["SlotLeases"]
+__all__ = ["SlotLeases", "epoch_key_of"]
 
 _ACQUIRE = """
 local t = redis.call('TIME')
@@ -26,16 +36,28 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 4)
 return 1
 """
 
+# KEYS: the tier's epoch key, slot keys. ARGV: lease ms, the epoch last seen ('' if none),
+# lease ids (one per slot key). Returns {leases kept or restored, the epoch}.
 _RENEW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[1])
-local kept = 0
-for i, key in ipairs(KEYS) do
-  if redis.call('ZADD', key, 'XX', 'CH', now + ttl, ARGV[i + 1]) == 1 then kept = kept + 1 end
-  redis.call('PEXPIRE', key, ttl * 4)
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
+  epoch = t[1] .. '.' .. t[2]
+  redis.call('SET', KEYS[1], epoch)
 end
-return kept
+redis.call('PEXPIRE', KEYS[1], ttl * 4)
+local restore = epoch ~= ARGV[2]
+local kept = 0
+for i = 2, #KEYS do
+  if restore or redis.call('ZSCORE', KEYS[i], ARGV[i + 1]) then
+    redis.call('ZADD', KEYS[i], now + ttl, ARGV[i + 1])
+    kept = kept + 1
+  end
+  redis.call('PEXPIRE', KEYS[i], ttl * 4)
+end
+return {kept, epoch}
 """
 
 _HELD = """
@@ -45,6 +67,12 @@ local out = {}
 for i, key in ipairs(KEYS) do out[i] = redis.call('ZCOUNT', key, '(' .. now, '+inf') end
 return out
 """
+
+
+def epoch_key_of(slot_key: str) -> str:
+    """The epoch key of the tier whose slot set is ``slot_key`` (``RedisKeys.slots``): in the
+    tier's hash tag, so one script touches both."""
+    return slot_key.rsplit(":slots:", 1)[0] + ":slots-epoch"
 
 
 class SlotLeases:
@@ -61,6 +89,8 @@ class SlotLeases:
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
         self._held = redis.register_script(_HELD)
+        self._epochs: dict[str, bytes] = {}
+        """Epoch key -> the epoch this process's last renewal saw there."""
 
     async def acquire(self, key: str, lease_id: str, limit: int) -> bool:
         """Take one slot of ``key`` unless ``limit`` are held."""
@@ -73,12 +103,17 @@ class SlotLeases:
         await self._redis.zrem(key, lease_id)
 
     async def renew(self, leases: Sequence[tuple[str, str]]) -> int:
-        """Extend ``(key, lease_id)`` leases; returns how many still existed."""
+        """Extend ``(key, lease_id)`` leases, all of one tier; returns how many still existed
+        (or, in a new epoch, were added back)."""
         if not leases:
             return 0
         keys = [k for k, _ in leases]
         ids = [i for _, i in leases]
-        return int(await self._renew(keys=keys, args=[self.lease_ms, *ids]))
+        epoch_key = epoch_key_of(keys[0])
+        known = self._epochs.get(epoch_key, b"")
+        kept, epoch = await self._renew(keys=[epoch_key, *keys], args=[self.lease_ms, known, *ids])
+        self._epochs[epoch_key] = bytes(epoch)
+        return int(kept)
 
     async def held(self, keys: Sequence[str]) -> list[int]:
         """Unexpired leases on each key."""

@@ -59,7 +59,8 @@ class RedisKeys:
         return f"{self.tier_tag(tier)}:wake:{worker_id}"
 
     def slots(self, tier: str, replica: str) -> str:
-        """Sorted set of slot leases held on one replica, scored by expiry (ms)."""
+        """Sorted set of slot leases held on one replica, scored by expiry (ms). Beside the
+        tier's slot sets, ``…:slots-epoch`` (``gateway.queue.capacity.epoch_key_of``)."""
         return f"{self.tier_tag(tier)}:slots:{replica}"
 
     def service_time(self, tier: str) -> str:

@@ -31,6 +31,43 @@ async def test_leases_refuse_over_the_limit_and_expire(
     assert not await leases.acquire(key, "e", 2)
 
 
+async def test_a_renewal_brings_back_no_released_lease(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    leases = SlotLeases(redis_conn, lease_ms=10_000)
+    key = RedisKeys(key_prefix).slots("small", "m#0")
+    assert await leases.acquire(key, "a", 2)
+    assert await leases.acquire(key, "b", 2)
+    assert await leases.renew([(key, "a"), (key, "b")]) == 2
+    await leases.release(key, "a")
+    # "a" was released while a renewal naming it was on its way: it stays released.
+    assert await leases.renew([(key, "a"), (key, "b")]) == 1
+    assert await leases.held([key]) == [1]
+
+
+async def test_leases_come_back_with_the_first_renewal_after_a_redis_loss(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    leases = SlotLeases(redis_conn, lease_ms=10_000)
+    other = SlotLeases(redis_conn, lease_ms=10_000)  # another process
+    keys = RedisKeys(key_prefix)
+    key = keys.slots("small", "m#0")
+    assert await leases.acquire(key, "a", 2)
+    assert await other.acquire(key, "b", 2)
+    assert await leases.renew([(key, "a")]) == 1
+    assert await other.renew([(key, "b")]) == 1
+    async for stale in redis_conn.scan_iter(match=f"{key_prefix}:*"):
+        await redis_conn.delete(stale)  # Redis lost everything; "a" and "b" still run
+    assert await leases.acquire(key, "c", 2)  # granted before the holders' next renewal
+    assert await leases.renew([(key, "a")]) == 1
+    assert await other.renew([(key, "b")]) == 1
+    assert await leases.held([key]) == [3]  # the truth: three jobs on two slots
+    assert not await leases.acquire(key, "d", 2)
+    for lease in ("a", "b", "c"):
+        await leases.release(key, lease)
+    assert await leases.acquire(key, "d", 2)
+
+
 async def test_two_workers_never_exceed_a_replicas_capacity(
     redis_conn: aioredis.Redis,
     key_prefix: str,
