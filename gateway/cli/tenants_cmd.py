@@ -74,7 +74,7 @@ AllowedTiers = Annotated[str | None, typer.Option(help="comma-separated tiers")]
 AllowedModels = Annotated[str | None, typer.Option(help="comma-separated deployment ids")]
 Threshold = Annotated[float | None, typer.Option(help="classifier threshold for auto, 0-1")]
 Priority = Annotated[str | None, typer.Option(help="interactive | standard | batch")]
-Budget = Annotated[str | None, typer.Option(help="monthly budget in USD (not enforced yet)")]
+Budget = Annotated[str | None, typer.Option(help="monthly hard budget in USD")]
 
 
 def _profile(changes: dict[str, Any]) -> TenantProfile:
