@@ -29,6 +29,7 @@ from gateway.auth.directory import TenantDirectory
 from gateway.auth.keys import KeyStore
 from gateway.auth.runtime import RuntimeAuth
 from gateway.auth.store import SqlAuthStore
+from gateway.auth.terms import TenantTerms, terms_from_settings
 from gateway.coalescer import Coalescer
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.faults.breaker import RedisBreaker
@@ -57,10 +58,8 @@ from gateway.queue.replies import ReplyRouter
 from gateway.queue.setup import (
     assign_slots,
     metrics_urls,
-    rates,
     tier_deployments,
     tier_queues,
-    weights,
 )
 from gateway.queue.snapshot import QueueSnapshot
 from gateway.queue.worker import Worker
@@ -71,7 +70,7 @@ from router.catalog import Catalog, DeploymentSpec, TenantPolicy
 from router.classifier import Classifier
 from router.loader import load_serving_classifier
 
-__all__ = ["Services", "build_catalog", "build_policies", "open_services"]
+__all__ = ["Services", "build_catalog", "build_policies", "build_terms", "open_services"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +145,12 @@ def build_policies(settings: Settings, default_threshold: float) -> dict[str, Te
         )
         for name, t in settings.tenants.items()
     }
+
+
+def build_terms(settings: Settings, prices: PriceBook) -> dict[str, TenantTerms]:
+    """The config-file tenants' weights, rate limits, budgets and baselines."""
+    default_baseline = prices.baseline_model()
+    return {name: terms_from_settings(t, default_baseline) for name, t in settings.tenants.items()}
 
 
 def _make_backends(
@@ -229,10 +234,18 @@ async def open_services(
         stack.push_async_callback(auth_store.aclose)
         prices = PriceBook.from_settings(settings.deployments)
         metrics = Metrics()
+        classifier = load_serving_classifier(settings.router.model_path)
+        threshold = classifier.threshold or _FALLBACK_THRESHOLD
+        directory = TenantDirectory(  # run-time tenants come in with `auth` below
+            build_policies(settings, threshold),
+            threshold,
+            fixed_terms=build_terms(settings, prices),
+            default_baseline=prices.baseline_model(),
+        )
         budgets = BudgetBook(
             redis,
             redis_keys.prefix,
-            settings.tenants,
+            directory.budgets,
             prices=prices,
             metrics=metrics,
             ledger=ledger,  # windows rebuilt from SQL after a Redis loss
@@ -249,12 +262,7 @@ async def open_services(
         )
         catalog = build_catalog(settings, prices)
         rules = await open_rules(settings, redis, catalog, stack)
-        classifier = load_serving_classifier(settings.router.model_path)
         metrics.declare_deployments(d.model for d in settings.deployments)
-        directory = TenantDirectory(
-            build_policies(settings, classifier.threshold or _FALLBACK_THRESHOLD),
-            classifier.threshold or _FALLBACK_THRESHOLD,
-        )
         auth = RuntimeAuth(
             auth_store,
             AuthChanges(redis, settings.redis.key_prefix),
@@ -334,12 +342,11 @@ async def open_services(
             )
             pool.start()
             stack.push_async_callback(pool.aclose)
-            baselines = {name: prices.baseline_model(t) for name, t in settings.tenants.items()}
             executor = Executor(
                 pool,
                 prices,
                 catalog,
-                baselines,
+                directory.baselines,
                 breaker=breaker,
                 faults=tier_faults(settings.fallback),
                 continuation=settings.fallback.continuation,
@@ -360,7 +367,7 @@ async def open_services(
                 tiers=tier_deployments(settings),
                 batch_headroom=settings.queue.batch_headroom,
                 idempotency=idempotency,
-                weights=weights(settings),
+                weights=directory.weights,
                 coalescer=coalescer,
                 tracing=tracing,
             )
@@ -373,7 +380,7 @@ async def open_services(
             max_depth=settings.queue.max_depth,
             claim_ttl_s=claim_ttl,
             tier_max_depth=settings.queue.tier_max_depth,
-            weights=weights(settings),
+            weights=directory.weights,
             expected_wait=snapshot.expected_wait,
             idempotency=idempotency,
             local=worker if settings.queue.direct_start else None,
@@ -398,7 +405,7 @@ async def open_services(
             auth=auth,
             queue_snapshot=snapshot,
             rate_limits=RateLimiter(
-                redis, settings.redis.key_prefix, rates(settings), ledger=ledger
+                redis, settings.redis.key_prefix, directory.rates, ledger=ledger
             ),  # buckets rebuilt from SQL after a Redis loss
             breaker=breaker,
             breaker_watch=breaker_watch,

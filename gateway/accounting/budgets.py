@@ -1,14 +1,17 @@
 """Budgets: the worst-case cost of a request is reserved in Redis before it runs, and settled
 with its real cost when its ledger entry is written.
 
-A tenant's budgets (config ``tenants.<t>.budgets``) each cover the tenant, or one app, or one tag,
-over a window (UTC month or N days). Per budget and window, a Redis hash holds ``spent`` and
-``reserved`` micro-dollars. ``reserve`` runs one Lua script over every budget the request falls
-under: if any *hard* budget would go over ``spent + reserved + worst case``, nothing is reserved
-and the request is refused (429 ``budget_exceeded``); otherwise every budget's ``reserved`` grows
-by the worst case, atomically, so concurrent requests cannot overshoot together. ``settle`` (one
-script, once per request id) moves the reservation to ``spent`` at the real cost; a request whose
-price is unknown is settled at its reservation.
+A tenant's budgets (config ``tenants.<t>.budgets``, or a run-time tenant's profile) each cover
+the tenant, or one app, or one tag, over a window (UTC month or N days). The book reads them at
+every reservation and settlement (``TenantDirectory.budgets``), so a change applies to the next
+request; a window's counter is named after its budget, so a new limit applies to what the
+window has spent already. Per budget and window, a Redis hash holds ``spent`` and ``reserved``
+micro-dollars. ``reserve`` runs one Lua script over every budget the request falls under: if any
+*hard* budget would go over ``spent + reserved + worst case``, nothing is reserved and the
+request is refused (429 ``budget_exceeded``); otherwise every budget's ``reserved`` grows by the
+worst case, atomically, so concurrent requests cannot overshoot together. ``settle`` (one script,
+once per request id) moves the reservation to ``spent`` at the real cost; a request whose price
+is unknown is settled at its reservation.
 
 Keys share the hash tag ``{budget:<tenant>}``: ``{prefix}:{budget:<t>}:b:<name>:<window start>``,
 ``…:res:<request id>`` (the reservation) and ``…:done:<request id>`` (settled marker).
@@ -40,7 +43,7 @@ from gateway.accounting.records import LedgerEntry, to_micro
 from gateway.errors import BudgetExceeded, ServiceUnavailable
 from gateway.metrics import Metrics
 from gateway.queue.jobs import Job
-from gateway.settings import BudgetSettings, TenantSettings
+from gateway.settings import BudgetSettings
 
 __all__ = ["BudgetBook", "BudgetStatus", "window_bounds", "worst_case_micro"]
 
@@ -178,25 +181,27 @@ class BudgetBook:
         self,
         redis: aioredis.Redis,
         prefix: str,
-        tenants: Mapping[str, TenantSettings],
+        budgets: Mapping[str, Sequence[BudgetSettings]],
         *,
         prices: PriceBook,
         metrics: Metrics | None = None,
         ledger: SpentSource | None = None,
     ) -> None:
-        """``ledger``: seeds each budget window from SQL (none: windows start at zero)."""
+        """``budgets``: each tenant's, read at every use (a live view such as
+        ``TenantDirectory.budgets``); ``ledger``: seeds each budget window from SQL (none:
+        windows start at zero)."""
         self._redis = redis
         self._ledger = ledger
         self._prices = prices
         self._prefix = prefix
-        self._budgets = {name: t.budgets for name, t in tenants.items() if t.budgets}
+        self._budgets = budgets
         self._metrics = metrics
         self._reserve = redis.register_script(_RESERVE)
         self._seed_script = redis.register_script(_SEED)
         self._settle = redis.register_script(_SETTLE)
 
     def budgets(self, tenant: str) -> tuple[BudgetSettings, ...]:
-        return self._budgets.get(tenant, ())
+        return tuple(self._budgets.get(tenant, ()))
 
     def _tag(self, tenant: str) -> str:
         return f"{self._prefix}:{{budget:{tenant}}}"

@@ -39,10 +39,10 @@ def _view(record: TenantRecord, *, source: str = "runtime") -> dict[str, Any]:
 
 
 def _check_models(services: Services, profile: TenantProfile) -> None:
-    known = {spec.model for spec in services.catalog.deployments}
-    unknown = sorted(set(profile.allowed_models or ()) - known)
-    if unknown:
-        raise InvalidRequest(f"unknown deployments {unknown}", param="allowed_models")
+    wrong = profile.unknown_deployment(spec.model for spec in services.catalog.deployments)
+    if wrong is not None:
+        param, message = wrong
+        raise InvalidRequest(message, param=param)
 
 
 @router.get("")
@@ -75,11 +75,7 @@ async def update_tenant(
 ) -> dict[str, Any]:
     admin = admin_of(services)
     current = await admin.store.get_tenant(name)
-    try:
-        merged = TenantProfile.model_validate({**current.profile.model_dump(), **changes})
-    except ValueError as exc:
-        raise InvalidRequest(f"invalid tenant settings: {exc}".splitlines()[0]) from None
-    _check_models(services, merged)
+    _check_models(services, current.profile.merged(changes))
     return _view(await admin.update_tenant(name, changes))
 
 

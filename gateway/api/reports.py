@@ -108,7 +108,7 @@ async def budgets_report(
     """Each budget's window, limit, spend and reservations now (from Redis)."""
     scope = report_scope(principal, tenant)
     book = services.budgets
-    names = [scope] if scope is not None else sorted(services.settings.tenants)
+    names = [scope] if scope is not None else sorted(services.policies)  # run-time ones too
     rows: list[dict[str, object]] = []
     if book is not None:
         for name in names:

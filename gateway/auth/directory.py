@@ -2,17 +2,33 @@
 tenants together. It is a read-only ``Mapping[str, TenantPolicy]`` (what ``Services.policies``
 has always been) whose run-time part is replaced whenever ``RuntimeAuth`` reloads. A config-file
 tenant wins over a run-time one of the same name (the admin API refuses to create one).
+
+It also holds every tenant's ``TenantTerms`` and hands out live views of them —
+``weights`` (dispatcher and worker), ``rates`` (rate limiter), ``budgets`` (budget book) and
+``baselines`` (executor) — each a ``Mapping`` that reads the current terms at lookup time, so a
+reload reaches all of them at once and none keeps a copy taken at start.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
 
 from gateway.auth.tenants import TenantProfile, TenantRecord
-from gateway.settings import Settings
+from gateway.auth.terms import TenantTerms, terms_from_profile
+from gateway.limits.rate import TenantRates
+from gateway.settings import BudgetSettings, Settings
 from router.catalog import TenantPolicy
 
-__all__ = ["TenantDirectory", "policy_from_profile", "prompts_loggable", "tenant_priority"]
+__all__ = [
+    "TenantDirectory",
+    "TermsView",
+    "policy_from_profile",
+    "prompts_loggable",
+    "tenant_priority",
+]
+
+T = TypeVar("T")
 
 
 def policy_from_profile(
@@ -30,11 +46,27 @@ def policy_from_profile(
 
 
 class TenantDirectory(Mapping[str, TenantPolicy]):
-    def __init__(self, fixed: Mapping[str, TenantPolicy], default_threshold: float) -> None:
+    def __init__(
+        self,
+        fixed: Mapping[str, TenantPolicy],
+        default_threshold: float,
+        *,
+        fixed_terms: Mapping[str, TenantTerms] | None = None,
+        default_baseline: str | None = None,
+    ) -> None:
+        """``fixed``, ``fixed_terms``: the config-file tenants'; ``default_baseline``: the
+        baseline deployment of a run-time tenant that names none."""
         self._fixed = dict(fixed)
+        self._fixed_terms = dict(fixed_terms or {})
         self._default_threshold = default_threshold
+        self._default_baseline = default_baseline
         self._runtime: dict[str, TenantPolicy] = {}
         self._profiles: dict[str, TenantProfile] = {}
+        self._terms: dict[str, TenantTerms] = dict(self._fixed_terms)
+        self.weights: Mapping[str, float] = TermsView(self, _weight)
+        self.rates: Mapping[str, TenantRates] = TermsView(self, _rates)
+        self.budgets: Mapping[str, tuple[BudgetSettings, ...]] = TermsView(self, _budgets)
+        self.baselines: Mapping[str, str | None] = TermsView(self, _baseline)
 
     def replace(self, records: Mapping[str, TenantRecord]) -> None:
         """Swap in the run-time tenants (one assignment each, so readers never see a mix)."""
@@ -43,11 +75,27 @@ class TenantDirectory(Mapping[str, TenantPolicy]):
             for name, r in records.items()
             if name not in self._fixed
         }
+        terms = {
+            name: terms_from_profile(r.profile, self._default_baseline)
+            for name, r in records.items()
+            if name not in self._fixed
+        }
         self._profiles = {name: r.profile for name, r in records.items()}
         self._runtime = runtime
+        self._terms = {**terms, **self._fixed_terms}
 
     def is_configured(self, name: str) -> bool:
         return name in self._fixed
+
+    def terms(self, name: str) -> TenantTerms | None:
+        """The tenant's weight, rate limits, budgets and baseline (config file first)."""
+        return self._terms.get(name)
+
+    def terms_names(self) -> Iterator[str]:
+        return iter(self._terms)
+
+    def terms_count(self) -> int:
+        return len(self._terms)
 
     def profile(self, name: str) -> TenantProfile | None:
         return self._profiles.get(name)
@@ -69,6 +117,44 @@ class TenantDirectory(Mapping[str, TenantPolicy]):
 
     def __len__(self) -> int:
         return len(self._fixed) + sum(1 for n in self._runtime if n not in self._fixed)
+
+
+class TermsView(Mapping[str, T]):
+    """One field of every tenant's terms, read from the directory at each lookup."""
+
+    __slots__ = ("_directory", "_pick")
+
+    def __init__(self, directory: TenantDirectory, pick: Callable[[TenantTerms], T]) -> None:
+        self._directory = directory
+        self._pick = pick
+
+    def __getitem__(self, name: str) -> T:
+        terms = self._directory.terms(name)
+        if terms is None:
+            raise KeyError(name)
+        return self._pick(terms)
+
+    def __iter__(self) -> Iterator[str]:
+        return self._directory.terms_names()
+
+    def __len__(self) -> int:
+        return self._directory.terms_count()
+
+
+def _weight(terms: TenantTerms) -> float:
+    return terms.weight
+
+
+def _rates(terms: TenantTerms) -> TenantRates:
+    return terms.rates
+
+
+def _budgets(terms: TenantTerms) -> tuple[BudgetSettings, ...]:
+    return terms.budgets
+
+
+def _baseline(terms: TenantTerms) -> str | None:
+    return terms.baseline_model
 
 
 def tenant_priority(settings: Settings, policies: Mapping[str, TenantPolicy], tenant: str) -> str:

@@ -68,7 +68,7 @@ def _key_record(row: RowMapping) -> KeyRecord:
 def _tenant_record(row: RowMapping) -> TenantRecord:
     return TenantRecord(
         name=row["name"],
-        profile=TenantProfile.model_validate(row["profile"]),
+        profile=TenantProfile.from_stored(row["profile"]),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
@@ -111,8 +111,7 @@ class SqlAuthStore:
 
     async def update_tenant(self, name: str, changes: Mapping[str, Any]) -> TenantRecord:
         current = await self.get_tenant(name)
-        merged = {**current.profile.model_dump(mode="json"), **changes}
-        profile = TenantProfile.model_validate(merged)
+        profile = current.profile.merged(changes)
         now = _now()
         async with self._engine.begin() as conn:
             await conn.execute(

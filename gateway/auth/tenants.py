@@ -1,21 +1,24 @@
 """Run-time tenants and keys as the store returns them.
 
 A ``TenantProfile`` is what an operator sets for a tenant at run time (the same fields as a
-config-file tenant, minus the key variable); ``KeyRecord`` is one API key's row, without its
-secret.
+config-file tenant, minus the key variable, plus ``monthly_budget_usd``); ``KeyRecord`` is one
+API key's row, without its secret.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
-from typing import Literal
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.auth.principals import Principal
+from gateway.errors import InvalidRequest
+from gateway.settings import BudgetSettings
 from router.catalog import Tier
 
 __all__ = ["KeyRecord", "TenantProfile", "TenantRecord", "check_roles", "valid_name"]
@@ -41,8 +44,13 @@ def check_roles(roles: tuple[str, ...]) -> str | None:
     return None
 
 
+MONTHLY = "monthly"
+"""The name of the budget ``monthly_budget_usd`` stands for."""
+
+
 class TenantProfile(BaseModel):
-    """A tenant's settings, as the admin API and CLI accept them."""
+    """A tenant's settings, as the admin API and CLI accept them. Each field means what the
+    config-file tenant's field of the same name means (``gateway.settings.TenantSettings``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -51,11 +59,81 @@ class TenantProfile(BaseModel):
     allowed_models: tuple[str, ...] | None = None
     """Deployments this tenant may use; ``None``: every deployment of its allowed tiers."""
     threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    baseline_model: str | None = None
+    """Deployment whose prices define the ledger's baseline cost; default: the first large
+    deployment."""
     priority: Literal["interactive", "standard", "batch"] = "standard"
-    monthly_budget_usd: Decimal | None = Field(default=None, ge=0)
-    """Placeholder for budgets: stored and shown, not enforced yet."""
+    weight: float = Field(default=1.0, gt=0)
+    """Fair share within a priority lane, relative to the other tenants there."""
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    budgets: tuple[BudgetSettings, ...] = ()
+    monthly_budget_usd: Decimal | None = Field(default=None, gt=0)
+    """Shorthand for one more budget: hard, over the UTC month, named ``monthly``."""
     log_prompts: bool = False
     """Opt-in to having prompts in access log lines (``logging.log_prompts`` must be on too)."""
+
+    @model_validator(mode="after")
+    def _budget_names_unique(self) -> TenantProfile:
+        names = [b.name for b in self.all_budgets]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            hint = f" (monthly_budget_usd is the budget {MONTHLY!r})" if MONTHLY in twice else ""
+            raise ValueError(f"budget names must be unique: {twice}{hint}")
+        return self
+
+    @property
+    def all_budgets(self) -> tuple[BudgetSettings, ...]:
+        """``budgets``, and the one ``monthly_budget_usd`` stands for when it is set."""
+        if self.monthly_budget_usd is None:
+            return self.budgets
+        monthly = BudgetSettings(
+            name=MONTHLY, limit_usd=self.monthly_budget_usd, window="month", mode="hard"
+        )
+        return (*self.budgets, monthly)
+
+    def unknown_deployment(self, known: Iterable[str]) -> tuple[str, str] | None:
+        """``None`` if every deployment it names is in ``known``, else the field and what is
+        wrong."""
+        models = set(known)
+        unknown = sorted(set(self.allowed_models or ()) - models)
+        if unknown:
+            return "allowed_models", f"unknown deployments {unknown}"
+        if self.baseline_model is not None and self.baseline_model not in models:
+            return "baseline_model", f"unknown deployment {self.baseline_model!r}"
+        return None
+
+    def merged(self, changes: Mapping[str, Any]) -> TenantProfile:
+        """This profile with ``changes`` (field → new value; a list replaces the whole list) or
+        ``InvalidRequest`` naming the first problem."""
+        try:
+            return TenantProfile.model_validate({**self.model_dump(mode="json"), **changes})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InvalidRequest(
+                f"invalid tenant settings: {where + ': ' if where else ''}{first['msg']}",
+                param=str(first["loc"][0]) if first["loc"] else None,
+            ) from None
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any]) -> TenantProfile:
+        """A profile as SQL holds it. Profiles stored before budgets were enforced may carry
+        ``monthly_budget_usd: 0``, which was accepted then and meant nothing; it loads as unset
+        (new ones must be above zero, like every budget limit)."""
+        stored = dict(data)
+        if _is_zero(stored.get("monthly_budget_usd")):
+            stored["monthly_budget_usd"] = None
+        return cls.model_validate(stored)
+
+
+def _is_zero(value: object) -> bool:
+    if value is None or isinstance(value, bool):
+        return False
+    try:
+        return Decimal(str(value)) == 0
+    except InvalidOperation:
+        return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,14 +7,15 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+import yaml
 
 from gateway.auth.admin import AuthAdmin, open_auth_admin
 from gateway.auth.tenants import TenantProfile, TenantRecord
 from gateway.errors import GatewayError
-from gateway.settings import load_settings
+from gateway.settings import Settings, load_settings
 
 __all__ = ["run_admin", "tenants_app"]
 
@@ -47,25 +48,36 @@ def _echo(data: object) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
-def _changes(
-    default_tier: str | None,
-    allowed_tiers: str | None,
-    allowed_models: str | None,
-    threshold: float | None,
-    priority: str | None,
-    budget_usd: str | None,
-) -> dict[str, Any]:
-    def split(value: str) -> list[str]:
-        return [v.strip() for v in value.split(",") if v.strip()]
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"tiergate: {message}", err=True)
+    raise typer.Exit(2)
 
-    raw: dict[str, Any] = {
-        "default_tier": default_tier,
-        "allowed_tiers": split(allowed_tiers) if allowed_tiers is not None else None,
-        "allowed_models": split(allowed_models) if allowed_models is not None else None,
-        "threshold": threshold,
-        "priority": priority,
-        "monthly_budget_usd": budget_usd,
-    }
+
+def _split(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _budget(spec: str) -> dict[str, Any]:
+    """One ``--budget``: a YAML flow mapping, as a budget is written in the config file."""
+    try:
+        value = yaml.safe_load(spec)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, dict):
+        example = '{name: monthly, limit_usd: "500"}'
+        _fail(f"--budget takes a mapping like '{example}', not {spec!r}")
+    return value
+
+
+def _changes(**options: Any) -> dict[str, Any]:
+    """The settings given on the command line, as profile fields (unset options left out)."""
+    raw = dict(options)
+    for listed in ("allowed_tiers", "allowed_models"):
+        if raw[listed] is not None:
+            raw[listed] = _split(raw[listed])
+    if raw["budgets"] is not None:
+        raw["budgets"] = [_budget(spec) for spec in raw["budgets"]]
+    raw["monthly_budget_usd"] = raw.pop("budget_usd")
     return {k: v for k, v in raw.items() if v is not None}
 
 
@@ -74,15 +86,39 @@ AllowedTiers = Annotated[str | None, typer.Option(help="comma-separated tiers")]
 AllowedModels = Annotated[str | None, typer.Option(help="comma-separated deployment ids")]
 Threshold = Annotated[float | None, typer.Option(help="classifier threshold for auto, 0-1")]
 Priority = Annotated[str | None, typer.Option(help="interactive | standard | batch")]
-Budget = Annotated[str | None, typer.Option(help="monthly budget in USD (not enforced yet)")]
+Weight = Annotated[float | None, typer.Option(help="fair share within a queue lane (default 1)")]
+RequestsPerMinute = Annotated[int | None, typer.Option(help="rate limit (unset: none)")]
+TokensPerMinute = Annotated[
+    int | None, typer.Option(help="rate limit: prompt estimate + max_tokens (unset: none)")
+]
+Baseline = Annotated[
+    str | None,
+    typer.Option(help="deployment pricing the ledger's baseline (default: first large one)"),
+]
+Budgets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--budget",
+        help='a budget as in the config file, e.g. \'{name: weekly, limit_usd: "50", window: '
+        "7d, mode: soft, app: chatbot}'; repeat for more; on update, replaces them all",
+    ),
+]
+Budget = Annotated[
+    str | None, typer.Option(help="monthly hard budget in USD (the budget named 'monthly')")
+]
 
 
 def _profile(changes: dict[str, Any]) -> TenantProfile:
     try:
         return TenantProfile.model_validate(changes)
     except ValueError as exc:
-        typer.echo(f"tiergate: invalid tenant settings: {exc}", err=True)
-        raise typer.Exit(2) from None
+        _fail(f"invalid tenant settings: {exc}")
+
+
+def _check_models(settings: Settings, profile: TenantProfile) -> None:
+    wrong = profile.unknown_deployment(d.model for d in settings.deployments)
+    if wrong is not None:
+        _fail(f"{wrong[0]}: {wrong[1]}")
 
 
 @tenants_app.command("create")
@@ -94,12 +130,31 @@ def create(
     allowed_models: AllowedModels = None,
     threshold: Threshold = None,
     priority: Priority = None,
+    weight: Weight = None,
+    requests_per_minute: RequestsPerMinute = None,
+    tokens_per_minute: TokensPerMinute = None,
+    baseline_model: Baseline = None,
+    budgets: Budgets = None,
     budget_usd: Budget = None,
 ) -> None:
     """Create a tenant (then issue it a key with `tiergate keys create`)."""
-    changes = _changes(default_tier, allowed_tiers, allowed_models, threshold, priority, budget_usd)
+    changes = _changes(
+        default_tier=default_tier,
+        allowed_tiers=allowed_tiers,
+        allowed_models=allowed_models,
+        threshold=threshold,
+        priority=priority,
+        weight=weight,
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
+        baseline_model=baseline_model,
+        budgets=budgets,
+        budget_usd=budget_usd,
+    )
     profile = _profile(changes)
-    if name in load_settings(config).tenants:
+    settings = load_settings(config)
+    _check_models(settings, profile)
+    if name in settings.tenants:
         typer.echo(f"tiergate: tenant {name!r} is defined in the config file", err=True)
         raise typer.Exit(1)
     _echo(_view(run_admin(config, lambda a: a.create_tenant(name, profile))))
@@ -114,11 +169,28 @@ def update(
     allowed_models: AllowedModels = None,
     threshold: Threshold = None,
     priority: Priority = None,
+    weight: Weight = None,
+    requests_per_minute: RequestsPerMinute = None,
+    tokens_per_minute: TokensPerMinute = None,
+    baseline_model: Baseline = None,
+    budgets: Budgets = None,
     budget_usd: Budget = None,
 ) -> None:
     """Change some of a tenant's settings."""
-    changes = _changes(default_tier, allowed_tiers, allowed_models, threshold, priority, budget_usd)
-    _profile(changes)
+    changes = _changes(
+        default_tier=default_tier,
+        allowed_tiers=allowed_tiers,
+        allowed_models=allowed_models,
+        threshold=threshold,
+        priority=priority,
+        weight=weight,
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
+        baseline_model=baseline_model,
+        budgets=budgets,
+        budget_usd=budget_usd,
+    )
+    _check_models(load_settings(config), _profile(changes))
     _echo(_view(run_admin(config, lambda a: a.update_tenant(name, changes))))
 
 

@@ -147,12 +147,12 @@ class RateLimiter:
         *,
         ledger: RateUsageSource | None = None,
     ) -> None:
-        """``ledger``: rebuilds lost buckets from SQL (none: a lost bucket starts full)."""
+        """``rates``: each tenant's limits, read at every check (a live view such as
+        ``TenantDirectory.rates``: a change applies to the next request); ``ledger``: rebuilds
+        lost buckets from SQL (none: a lost bucket starts full)."""
         self._prefix = prefix
         self._ledger = ledger
-        self._rates = {
-            t: r for t, r in rates.items() if r.requests_per_minute or r.tokens_per_minute
-        }
+        self._rates = rates
         self._take = redis.register_script(_TAKE)
         self._seed_script = redis.register_script(_SEED)
 
@@ -164,7 +164,7 @@ class RateLimiter:
         """Take one request and ``tokens`` tokens of ``tenant``'s allowance, or raise
         ``RateLimited`` (429 ``rate_limit_exceeded``) and take nothing."""
         rates = self._rates.get(tenant)
-        if rates is None:
+        if rates is None or not (rates.requests_per_minute or rates.tokens_per_minute):
             return
         keys = self._keys(tenant)
         args: list[int] = [

@@ -65,14 +65,15 @@ class Dispatcher:
         local: LocalStart | None = None,
     ) -> None:
         """``tier_max_depth`` overrides ``max_depth`` per tier; ``weights`` are tenants' fair
-        shares (default 1); ``expected_wait(tier)`` (s) sets a refusal's ``Retry-After``;
-        ``local``: this process's worker, which starts jobs at once when they need not wait."""
+        shares (default 1), read at each submit (a live view: ``TenantDirectory.weights``);
+        ``expected_wait(tier)`` (s) sets a refusal's ``Retry-After``; ``local``: this process's
+        worker, which starts jobs at once when they need not wait."""
         self._redis = redis
         self._keys = keys
         self._replies = replies
         self._max_depth = max_depth
         self._tier_max_depth = dict(tier_max_depth or {})
-        self._weights = dict(weights or {})
+        self._weights: Mapping[str, float] = weights if weights is not None else {}
         self._expected_wait = expected_wait
         self._claim_ttl_s = claim_ttl_s
         self._lanes = LaneQueue(redis, keys)

@@ -173,7 +173,7 @@ class Executor:
         self._pool = pool
         self._prices = prices
         self._catalog = catalog
-        self._baselines = baselines
+        self._baselines = baselines  # read at each booking: TenantDirectory.baselines
         self._breaker = breaker
         self._faults = dict(faults or {})
         self._continuation = continuation

@@ -1,10 +1,10 @@
-"""Queue wiring from settings: replica slot keys, per-tier capacities, fair-share weights."""
+"""Queue wiring from settings: replica slot keys, per-tier capacities (tenants' fair-share
+weights: ``TenantDirectory.weights``, which follows run-time tenants too)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gateway.limits.rate import TenantRates
 from gateway.queue.keys import RedisKeys
 from gateway.queue.load import metrics_url
 from gateway.queue.pool import Replica
@@ -14,10 +14,8 @@ from gateway.settings import Settings
 __all__ = [
     "assign_slots",
     "metrics_urls",
-    "rates",
     "tier_deployments",
     "tier_queues",
-    "weights",
 ]
 
 
@@ -79,14 +77,3 @@ def tier_queues(settings: Settings, keys: RedisKeys) -> dict[str, TierQueue]:
             deployment_capacity=per_deployment,
         )
     return out
-
-
-def weights(settings: Settings) -> dict[str, float]:
-    return {name: t.weight for name, t in settings.tenants.items()}
-
-
-def rates(settings: Settings) -> dict[str, TenantRates]:
-    return {
-        name: TenantRates(t.requests_per_minute, t.tokens_per_minute)
-        for name, t in settings.tenants.items()
-    }

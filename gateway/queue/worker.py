@@ -90,8 +90,9 @@ class Worker:
         ``tiers``: each tier's deployments, in order; ``batch_headroom``: share of a tier's
         slots batch work may not take; ``reclaim_idle_s``: how long a job's entry may go
         unrenewed before another worker reclaims it (its worker is presumed dead); ``weights``:
-        tenants' fair-share weights, for the jobs it starts at once; ``coalescer``: where
-        acknowledgements are queued (instead of a round trip each)."""
+        tenants' fair-share weights, for the jobs it starts at once (read at each start: a live
+        view, ``TenantDirectory.weights``); ``coalescer``: where acknowledgements are queued
+        (instead of a round trip each)."""
         self._redis = redis
         self._blocking = blocking_redis
         self._keys = keys
@@ -106,7 +107,7 @@ class Worker:
         self._headroom = batch_headroom
         self._lanes = LaneQueue(redis, keys, coalescer=coalescer)
         self._direct = DirectStart(redis, keys)
-        self._weights = dict(weights or {})
+        self._weights: Mapping[str, float] = weights if weights is not None else {}
         self.worker_id = worker_id
         self._claim_ttl_s = claim_ttl_s
         self._tasks: list[asyncio.Task[None]] = []

@@ -18,15 +18,15 @@ from gateway.accounting import PriceBook
 from gateway.accounting.budgets import BudgetBook, window_bounds, worst_case_micro
 from gateway.errors import BudgetExceeded
 from gateway.metrics import Metrics
-from gateway.settings import TenantSettings, load_settings
+from gateway.settings import BudgetSettings, load_settings
 from tests.gateway.accounting.apps import EXAMPLE, app_settings, auth, running_app
 from tests.gateway.accounting.factories import make_entry
 
 AT = datetime(2025, 3, 14, 9, 30, tzinfo=UTC)
 
 
-def tenants(*budgets: dict[str, Any]) -> dict[str, TenantSettings]:
-    return {"acme": TenantSettings(key_env="X", budgets=budgets)}  # type: ignore[arg-type]
+def tenants(*budgets: dict[str, Any]) -> dict[str, tuple[BudgetSettings, ...]]:
+    return {"acme": tuple(BudgetSettings.model_validate(b) for b in budgets)}
 
 
 @pytest.fixture

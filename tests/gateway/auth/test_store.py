@@ -7,9 +7,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import insert, inspect, text
 from sqlalchemy.engine import make_url
 
+from gateway.auth.schema import tenants
 from gateway.auth.store import SqlAuthStore
 from gateway.auth.tenants import TenantProfile
 from gateway.errors import Conflict, InvalidRequest, NotFound
@@ -35,6 +36,51 @@ async def test_tenants_round_trip(store: SqlAuthStore) -> None:
         await store.create_tenant("Bad Name!", TenantProfile())
     with pytest.raises(NotFound):
         await store.get_tenant("nobody")
+
+
+async def test_profiles_stored_before_limits_and_budgets_load(store: SqlAuthStore) -> None:
+    """Rows written before weights, rate limits, budgets and baselines existed (one with the
+    ``monthly_budget_usd: 0`` that was accepted then) load, and update, as they are."""
+    old = {
+        "default_tier": "small",
+        "allowed_tiers": ["small", "large", "external"],
+        "allowed_models": None,
+        "threshold": None,
+        "priority": "standard",
+        "monthly_budget_usd": "100",
+        "log_prompts": False,
+    }
+    at = datetime(2025, 1, 1, tzinfo=UTC)
+    async with store._engine.begin() as conn:
+        for name, profile in (("old", old), ("zero", {**old, "monthly_budget_usd": "0"})):
+            await conn.execute(
+                insert(tenants).values(name=name, profile=profile, created_at=at, updated_at=at)
+            )
+    loaded = {t.name: t.profile for t in await store.list_tenants()}
+    assert loaded["old"].weight == 1.0 and loaded["old"].budgets == ()
+    assert [b.name for b in loaded["old"].all_budgets] == ["monthly"]
+    assert loaded["zero"].monthly_budget_usd is None
+    updated = await store.update_tenant("zero", {"requests_per_minute": 30})
+    assert updated.profile.requests_per_minute == 30 and updated.profile.priority == "standard"
+
+
+async def test_limits_budgets_and_baseline_round_trip(store: SqlAuthStore) -> None:
+    profile = TenantProfile.model_validate(
+        {
+            "weight": 2.0,
+            "requests_per_minute": 60,
+            "tokens_per_minute": 5000,
+            "baseline_model": "llama-3.1-70b-instruct-awq",
+            "budgets": [{"name": "weekly", "limit_usd": "12.5", "window": "7d", "tag": "eu"}],
+        }
+    )
+    await store.create_tenant("umbrella", profile)
+    assert (await store.get_tenant("umbrella")).profile == profile
+    changed = await store.update_tenant("umbrella", {"budgets": [], "monthly_budget_usd": "9"})
+    assert changed.profile.budgets == () and changed.profile.weight == 2.0
+    assert [b.name for b in (await store.get_tenant("umbrella")).profile.all_budgets] == ["monthly"]
+    with pytest.raises(InvalidRequest, match="unique"):
+        await store.update_tenant("umbrella", {"budgets": [{"name": "monthly", "limit_usd": 1}]})
 
 
 async def test_key_is_stored_as_salted_hash_only(store: SqlAuthStore, store_url: str) -> None:

@@ -63,6 +63,21 @@ async def test_tokens_per_minute_and_all_or_nothing(
     assert await _admit(limiter, "t", 50) is not None
 
 
+async def test_limits_are_read_at_every_check(redis_conn: aioredis.Redis, key_prefix: str) -> None:
+    """The limiter keeps the caller's mapping (``TenantDirectory.rates`` in the gateway), so a
+    tenant's new limit applies to its next request; its bucket keeps its level."""
+    rates = {"umbrella": TenantRates(requests_per_minute=2)}
+    limiter = RateLimiter(redis_conn, key_prefix, rates)
+    assert await _admitted(limiter, "umbrella", 3) == 2
+    rates["umbrella"] = TenantRates(requests_per_minute=6000)  # 100 a second
+    await asyncio.sleep(0.05)
+    assert await _admit(limiter, "umbrella", 1) is None
+    rates["umbrella"] = TenantRates(requests_per_minute=1)  # the level is capped at once
+    assert await _admitted(limiter, "umbrella", 3) == 1
+    del rates["umbrella"]  # no limit any more
+    assert await _admitted(limiter, "umbrella", 5) == 5
+
+
 # --- after a Redis loss: buckets rebuilt from the SQL ledger ----------------------------------
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.accounting.records import LedgerEntry
+from gateway.auth.directory import TenantDirectory
+from gateway.auth.tenants import TenantProfile, TenantRecord
 from gateway.errors import DeadlineExceeded, RateLimited, ServiceUnavailable
 from gateway.queue.connection import redis_client
 from gateway.queue.dispatcher import EDGE_CLAIM, Dispatcher
@@ -47,12 +50,12 @@ async def redis_conn(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
-def _job(request_id: str, edge: str, *, timeout_s: float) -> Job:
+def _job(request_id: str, edge: str, *, timeout_s: float, tenant: str = "acme") -> Job:
     now = time.time()
     return Job(
         request_id=request_id,
-        tenant="acme",
-        principal="acme",
+        tenant=tenant,
+        principal=tenant,
         reply_to=edge,
         plan=RoutePlan(tier=Tier.SMALL, deployments=("m",), rule="pin:tier", reason="test"),
         body={"messages": [{"role": "user", "content": "hi"}]},
@@ -151,6 +154,39 @@ async def test_full_queue_is_429(redis_conn: aioredis.Redis, key_prefix: str) ->
             await dispatcher.submit(_job("c", "e3", timeout_s=5))
         assert info.value.code == "queue_full"
         assert info.value.retry_after is not None
+    finally:
+        await replies.aclose()
+
+
+async def test_weights_reach_the_lanes_from_the_directory(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    """The dispatcher reads a tenant's weight from the directory at each submit: a run-time
+    tenant's weight, and its change, reach the lane entries without a new dispatcher."""
+    at = datetime.now(UTC)
+    directory = TenantDirectory({}, 0.5)
+
+    def reload(weight: float) -> None:
+        directory.replace(
+            {"umbrella": TenantRecord("umbrella", TenantProfile(weight=weight), at, at)}
+        )
+
+    keys = RedisKeys(key_prefix)
+    replies = ReplyRouter(redis_conn, keys.replies("e5"), block_ms=100)
+    replies.start()
+    try:
+        reload(3.0)
+        dispatcher = Dispatcher(
+            redis_conn, keys, replies, max_depth=10, claim_ttl_s=60, weights=directory.weights
+        )
+        await dispatcher.submit(_job("u1", "e5", timeout_s=5, tenant="umbrella"))
+        reload(0.5)
+        await dispatcher.submit(_job("u2", "e5", timeout_s=5, tenant="umbrella"))
+        await dispatcher.submit(_job("a1", "e5", timeout_s=5))  # not in the directory: 1
+        entries = await redis_conn.xrange(keys.jobs("small", "standard", "umbrella"))
+        assert [float(fields[b"w"]) for _id, fields in entries] == [3.0, 0.5]
+        ((_id, fields),) = await redis_conn.xrange(keys.jobs("small", "standard", "acme"))
+        assert float(fields[b"w"]) == 1.0
     finally:
         await replies.aclose()
 

@@ -1,0 +1,78 @@
+"""``tiergate tenants create|update`` with the rate-limit, weight, baseline and budget flags,
+on a real SQLite store and the test Redis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gateway.cli.main import app
+from tests.gateway.auth.conftest import EXAMPLE
+
+LARGE = "llama-3.1-70b-instruct-awq"
+
+
+@pytest.fixture
+def env(tmp_path: Path, redis_url: str, key_prefix: str) -> dict[str, str]:
+    return {
+        "TIERGATE_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path / 'tiergate.db'}",
+        "TIERGATE_REDIS__URL": redis_url,
+        "TIERGATE_REDIS__KEY_PREFIX": key_prefix,
+    }
+
+
+def test_create_and_update_with_limits_budgets_and_baseline(env: dict[str, str]) -> None:
+    runner = CliRunner()
+    created = runner.invoke(
+        app,
+        [
+            *("tenants", "create", "umbrella", "--config", str(EXAMPLE)),
+            *("--weight", "2", "--requests-per-minute", "60", "--tokens-per-minute", "9000"),
+            *("--baseline-model", LARGE, "--budget-usd", "100"),
+            *("--budget", '{name: weekly, limit_usd: "25", window: 7d, mode: soft, app: bot}'),
+            *("--budget", "{name: eu, limit_usd: 5, tag: eu}"),
+        ],
+        env=env,
+    )
+    assert created.exit_code == 0, created.output
+    shown = json.loads(created.output)
+    assert (shown["weight"], shown["requests_per_minute"], shown["tokens_per_minute"]) == (
+        2.0,
+        60,
+        9000,
+    )
+    assert shown["baseline_model"] == LARGE and shown["monthly_budget_usd"] == "100"
+    assert [(b["name"], b["mode"], b["app"], b["tag"]) for b in shown["budgets"]] == [
+        ("weekly", "soft", "bot", None),
+        ("eu", "hard", None, "eu"),
+    ]
+
+    updated = runner.invoke(
+        app,
+        ["tenants", "update", "umbrella", "--config", str(EXAMPLE), "--requests-per-minute", "120"],
+        env=env,
+    )
+    assert updated.exit_code == 0, updated.output
+    after = json.loads(updated.output)
+    assert after["requests_per_minute"] == 120 and after["budgets"] == shown["budgets"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (["--baseline-model", "gpt-9"], "baseline_model: unknown deployment 'gpt-9'"),
+        (["--allowed-models", "nope"], "allowed_models: unknown deployments ['nope']"),
+        (["--budget", "monthly"], "--budget takes a mapping"),
+        (["--budget", "{name: m}"], "limit_usd"),
+        (["--weight", "0"], "weight"),
+    ],
+)
+def test_bad_flags_are_refused(env: dict[str, str], flags: list[str], complaint: str) -> None:
+    result = CliRunner().invoke(
+        app, ["tenants", "create", "umbrella", "--config", str(EXAMPLE), *flags], env=env
+    )
+    assert result.exit_code == 2, result.output
+    assert complaint in result.output
