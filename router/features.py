@@ -7,7 +7,9 @@ cost; a system prompt full of formatting rules should not make every request loo
 Token counts cover every message, in full.
 
 ``estimate_tokens`` is a cheap, deterministic estimate for context-fit checks, limits and
-reservations, never for billing (billing uses the backend's ``usage``).
+reservations. Billing uses the backend's ``usage``; this estimate only where a backend reported
+none for a call its provider bills anyway, and the ledger flags it there. The two numbers must
+agree: ``PromptFeatures.estimated_prompt_tokens`` equals ``estimate_tokens`` of the messages.
 """
 
 from __future__ import annotations
@@ -229,7 +231,8 @@ def _text_tokens(text: str) -> int:
 
 
 def estimate_tokens(text_or_messages: str | Iterable[Message]) -> int:
-    """A cheap, deterministic prompt-token estimate (context fit, limits; not billing).
+    """A cheap, deterministic prompt-token estimate (context fit, limits; billing, flagged,
+    only where a backend reported no usage).
 
     A string is counted as bare text; a message list adds ``MESSAGE_OVERHEAD_TOKENS`` per
     message and ``PROMPT_OVERHEAD_TOKENS`` once, as chat templates do.

@@ -40,6 +40,8 @@ def encode_entry(entry: LedgerEntry) -> bytes:
     }
     if entry.idempotency_key is not None:  # absent from events of older writers, and most rows
         data["idempotency_key"] = entry.idempotency_key
+    if entry.estimated_micro_usd is not None:  # likewise: only rows with estimated tokens
+        data["estimated_micro_usd"] = entry.estimated_micro_usd
     return orjson.dumps(data)
 
 
@@ -70,4 +72,5 @@ def decode_entry(raw: bytes) -> LedgerEntry:
         queue_ms=data.get("queue_ms"),
         attempts=tuple(Attempt.from_dict(a) for a in data.get("attempts", ())),
         idempotency_key=data.get("idempotency_key"),
+        estimated_micro_usd=data.get("estimated_micro_usd"),
     )

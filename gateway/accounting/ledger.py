@@ -104,6 +104,7 @@ def entry_to_row(entry: LedgerEntry) -> dict[str, Any]:
         "queue_ms": entry.queue_ms,
         "attempts": [a.to_dict() for a in entry.attempts],
         "idempotency_key": entry.idempotency_key,
+        "estimated_micro_usd": entry.estimated_micro_usd,
     }
 
 
@@ -133,6 +134,7 @@ def row_to_entry(row: RowMapping) -> LedgerEntry:
         queue_ms=row["queue_ms"],
         attempts=tuple(Attempt.from_dict(a) for a in row["attempts"]),
         idempotency_key=row["idempotency_key"],
+        estimated_micro_usd=_int_or_none(row["estimated_micro_usd"]),
     )
 
 

@@ -29,9 +29,12 @@ class Attempt:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    estimated: bool = False
+    """The tokens are the gateway's estimate, not the backend's count: the backend reported no
+    usage for a call its provider bills (``gateway.accounting.estimates``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "deployment": self.deployment,
             "outcome": self.outcome,
             "latency_ms": round(self.latency_ms, 3),
@@ -39,6 +42,9 @@ class Attempt:
             "completion_tokens": self.completion_tokens,
             "error": self.error,
         }
+        if self.estimated:  # absent: the backend's own count (every attempt booked before it)
+            data["estimated"] = True
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
@@ -49,6 +55,7 @@ class Attempt:
             prompt_tokens=int(data.get("prompt_tokens", 0)),
             completion_tokens=int(data.get("completion_tokens", 0)),
             error=data.get("error"),
+            estimated=data.get("estimated") is True,
         )
 
 
@@ -85,6 +92,15 @@ class LedgerEntry:
     idempotency_key: str | None = None
     """The client's ``idempotency-key``, on the row of the request that ran under it (never on a
     refusal or a repeat): how a repeat is recognised after Redis lost the key."""
+    estimated_micro_usd: int | None = None
+    """The part of ``cost_micro_usd`` priced from estimated tokens (its attempts flagged
+    ``estimated``); ``None`` when every token is a backend's own count. 0 when the price is
+    unknown: the row's cost is not in any sum then, so neither is its estimated part."""
+
+    @property
+    def usage_estimated(self) -> bool:
+        """Whether some of the row's tokens are estimates (see ``Attempt.estimated``)."""
+        return any(attempt.estimated for attempt in self.attempts)
 
     @property
     def cost_usd(self) -> Decimal | None:

@@ -3,7 +3,10 @@
 Sums are exact: money is added as integer micro-dollars in SQL and turned into ``Decimal`` USD
 here. A row whose price is unknown adds its tokens and counts under ``unknown_price``; its cost is
 not in ``cost`` (it is not zero, it is unknown). ``savings`` is ``baseline - cost`` over the rows
-where both are known, so with no unknowns it equals ``baseline - cost`` exactly.
+where both are known, so with no unknowns it equals ``baseline - cost`` exactly. ``estimated``
+counts the rows booked in part from estimated usage (a backend reported none for a call its
+provider bills; docs/costs.md) and ``estimated_usd`` is the part of ``cost`` priced from those
+estimates: what to reconcile against the providers' invoices.
 
 Days are UTC calendar days; ``start`` and ``end`` are both inclusive. Grouping by ``tag`` counts a
 request once under each of its tags (untagged requests under ``None``), so those rows may add up
@@ -51,6 +54,7 @@ __all__ = [
     "GroupValue",
     "cost_report",
     "day_column",
+    "estimate_columns",
     "render_csv",
     "render_json",
     "render_table",
@@ -101,10 +105,18 @@ class CostSums:
     """Rows whose cost is unknown (not in ``cost``)."""
     unknown_baseline: int = 0
     """Rows whose baseline cost is unknown (not in ``baseline``)."""
+    estimated: int = 0
+    """Rows booked in part from estimated usage (``LedgerEntry.estimated_micro_usd`` set)."""
+    estimated_micro_usd: int = 0
+    """The part of ``cost`` priced from estimated tokens."""
 
     @property
     def cost(self) -> Decimal:
         return _usd(self.cost_micro_usd)
+
+    @property
+    def estimated_usd(self) -> Decimal:
+        return _usd(self.estimated_micro_usd)
 
     @property
     def baseline(self) -> Decimal:
@@ -160,6 +172,16 @@ def sum_columns() -> list[ColumnElement[Any]]:
     ]
 
 
+def estimate_columns() -> list[ColumnElement[Any]]:
+    """``CostSums.estimated`` and ``estimated_micro_usd``, after ``sum_columns`` in a report
+    (the daily rollups keep only ``sum_columns``)."""
+    estimated = ledger_entries.c.estimated_micro_usd
+    return [
+        func.coalesce(func.sum(case((estimated.is_not(None), 1), else_=0)), 0).label("estimated"),
+        func.coalesce(func.sum(estimated), 0).label("estimated_micro_usd"),
+    ]
+
+
 def _sums(row: Sequence[Any]) -> CostSums:
     return CostSums(*(int(v) for v in row))
 
@@ -191,7 +213,7 @@ def _grouped_query(dialect: str, group_by: Sequence[str]) -> Select[Any]:
             keys.append(_COLUMNS[name])
     labelled = [k.label(f"k{i}") for i, k in enumerate(keys)]
     source = ledger_entries if tags is None else ledger_entries.outerjoin(tags, true())
-    query = select(*labelled, *sum_columns()).select_from(source)
+    query = select(*labelled, *sum_columns(), *estimate_columns()).select_from(source)
     return query.group_by(*labelled) if labelled else query
 
 
@@ -222,7 +244,9 @@ async def cost_report(
     if unknown or len(set(group_by)) != len(group_by):
         raise ValueError(f"group_by {list(group_by)}: use distinct keys of {list(GROUP_KEYS)}")
     grouped = _filtered(_grouped_query(ledger.dialect, group_by), tenant, start, end)
-    totals = _filtered(select(*sum_columns()).select_from(ledger_entries), tenant, start, end)
+    totals = _filtered(
+        select(*sum_columns(), *estimate_columns()).select_from(ledger_entries), tenant, start, end
+    )
     async with ledger.engine.connect() as conn:
         group_rows = (await conn.execute(grouped)).all()
         total_row = (await conn.execute(totals)).one()
@@ -256,6 +280,8 @@ _SUM_FIELDS = (
     "savings_usd",
     "unknown_price",
     "unknown_baseline",
+    "estimated",
+    "estimated_usd",
 )
 
 
@@ -279,6 +305,8 @@ def _sums_json(sums: CostSums) -> dict[str, Any]:
         "savings_usd": _money(sums.savings),
         "unknown_price": sums.unknown_price,
         "unknown_baseline": sums.unknown_baseline,
+        "estimated": sums.estimated,
+        "estimated_usd": _money(sums.estimated_usd),
     }
 
 
@@ -319,8 +347,13 @@ def _cents(amount: Decimal) -> str:
     return f"{'-' if rounded < 0 else ''}${abs(rounded):,f}"
 
 
+def _estimated_text(sums: CostSums) -> str:
+    return f"{_cents(sums.estimated_usd)} ({sums.estimated:,})" if sums.estimated else ""
+
+
 def render_table(report: CostReport, *, title: str | None = None) -> Table:
-    """A rich table for people: money rounded to cents, unpriced rows counted in a column."""
+    """A rich table for people: money rounded to cents, unpriced rows counted in a column, the
+    cost resting on estimates (and its rows) in another."""
     from rich.table import Table  # rich is for the CLI, not the request path
 
     scope = report.tenant or "all tenants"
@@ -336,6 +369,7 @@ def render_table(report: CostReport, *, title: str | None = None) -> Table:
         ("baseline", _cents(totals.baseline)),
         ("savings", _cents(totals.savings)),
         ("unpriced", f"{totals.unknown_price:,}"),
+        ("estimated", _estimated_text(totals)),
     ):
         table.add_column(header, footer=value, justify="right")
     for row in report.rows:
@@ -349,5 +383,6 @@ def render_table(report: CostReport, *, title: str | None = None) -> Table:
             _cents(s.baseline),
             _cents(s.savings),
             f"{s.unknown_price:,}" if s.unknown_price else "",
+            _estimated_text(s),
         )
     return table

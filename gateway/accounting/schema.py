@@ -2,7 +2,9 @@
 
 One row per authenticated request, keyed by ``request_id``; ``idempotency_key`` (indexed with the
 tenant, where set) is how a repeated request is recognised once Redis has lost its key. Money is
-BIGINT micro-dollars, ``NULL`` when the price is unknown (``price_known`` false). Times are stored
+BIGINT micro-dollars, ``NULL`` when the price is unknown (``price_known`` false);
+``estimated_micro_usd`` is the part of the cost priced from estimated tokens (``NULL`` when the
+backends counted every token; ``LedgerEntry.estimated_micro_usd``). Times are stored
 in UTC: ``TIMESTAMPTZ`` on PostgreSQL, UTC text on SQLite; both read back as aware UTC datetimes.
 
 Also the daily rollups (``ledger_daily``: tenant x model x tier x tag per UTC day) and the GPU
@@ -116,6 +118,11 @@ ledger_entries = Table(
         "idempotency_key",
         String,
         comment="the client's idempotency-key, on the row of the request that ran under it",
+    ),
+    Column(
+        "estimated_micro_usd",
+        BigInteger,
+        comment="part of cost_micro_usd priced from estimated tokens; NULL: none estimated",
     ),
     Index(None, "tenant", "created_at"),
     Index(None, "created_at"),

@@ -6,7 +6,10 @@ Checks, each difference listed with what it is about:
   no rollup group without rows. Today may lag the rows until the next rollup run (a note,
   not a difference, unless ``strict_today``).
 - **rows** — no row that answered with tokens and a known price is booked at $0; a row with an
-  unknown price has no cost and vice versa.
+  unknown price has no cost and vice versa; a row's estimated part of its cost
+  (``estimated_micro_usd``) is within its cost (0 when the cost is unknown). The rows booked in
+  part from estimated usage are counted, with their estimated cost, in a note: they are what to
+  reconcile against the providers' invoices (docs/costs.md).
 - **true-up** — each pool-day's allocations add up to what the pool cost.
 - **event stream** — events still in the stream are either already booked identically (awaiting
   acknowledgement) or not yet booked (counted as in flight); a booked row that differs from its
@@ -18,14 +21,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
 
 import redis.asyncio as aioredis
 from sqlalchemy import and_, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.accounting.events import decode_entry
 from gateway.accounting.ledger import SqlLedger
-from gateway.accounting.records import LedgerEntry
+from gateway.accounting.records import MICRO, LedgerEntry
 from gateway.accounting.reports import day_column
 from gateway.accounting.rollups import ROLLUP_COLUMNS, daily_query
 from gateway.accounting.schema import gpu_trueup, ledger_daily, ledger_entries
@@ -49,6 +54,10 @@ class VerifyReport:
     stream_events: int = 0
     stream_booked: int = 0
     stream_in_flight: int = 0
+    estimated_rows: int = 0
+    """Rows booked in part from estimated usage."""
+    estimated_micro_usd: int = 0
+    """The part of their cost priced from the estimates."""
     differences: list[Difference] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -177,6 +186,40 @@ async def _check_rows(
         ).scalars()
         for rid in odd:
             report.differences.append(Difference("rows", f"{rid}: price_known disagrees with cost"))
+        await _check_estimates(conn, report, where)
+
+
+async def _check_estimates(conn: AsyncConnection, report: VerifyReport, where: list[Any]) -> None:
+    c = ledger_entries.c
+    estimated = c.estimated_micro_usd
+    outside = (
+        await conn.execute(
+            select(c.request_id).where(
+                *where,
+                or_(
+                    estimated < 0,
+                    and_(c.cost_micro_usd.is_not(None), estimated > c.cost_micro_usd),
+                    and_(c.cost_micro_usd.is_(None), estimated != 0),
+                ),
+            )
+        )
+    ).scalars()
+    for rid in outside:
+        report.differences.append(Difference("rows", f"{rid}: estimated cost is not within cost"))
+    count, micro = (
+        await conn.execute(
+            select(func.count(), func.coalesce(func.sum(estimated), 0)).where(
+                *where, estimated.is_not(None)
+            )
+        )
+    ).one()
+    report.estimated_rows, report.estimated_micro_usd = int(count), int(micro)
+    if report.estimated_rows:
+        usd = Decimal(report.estimated_micro_usd) * MICRO
+        report.notes.append(
+            f"{report.estimated_rows} requests booked in part from estimated usage, "
+            f"${usd:f} of their cost (reconcile against the providers' invoices)"
+        )
 
 
 async def _check_trueup(
@@ -209,6 +252,7 @@ def _same(event: LedgerEntry, row: LedgerEntry) -> bool:
             e.completion_tokens,
             e.cost_micro_usd,
             e.baseline_micro_usd,
+            e.estimated_micro_usd,
         )
 
     return view(event) == view(row)

@@ -8,10 +8,12 @@ For each deployment of the plan (the fallback chain):
    connect errors are retried on the same deployment with backoff or after ``Retry-After``;
    timeouts, cut streams and protocol errors move on at once; a rejected request stops the
    chain (context overflow moves on to a deployment whose window may fit);
-3. every call is one ``Attempt`` in the ledger row, with the tokens that backend billed (or,
-   for a stream that broke, the usage it reported so far: vLLM reports it in every chunk; a
-   hosted API only at the end, so of its broken stream the tokens it delivered), and one
-   outcome for the breaker.
+3. every call is one ``Attempt`` in the ledger row, with the tokens that backend billed (for a
+   stream that broke, the usage it reported so far: vLLM reports it in every chunk), and one
+   outcome for the breaker. A call its provider bills without telling us (a hosted API's
+   broken stream, which reports usage only at its end; a hosted call that timed out or was
+   cancelled after it was sent) is booked from estimates, flagged
+   (``gateway.accounting.estimates``).
 
 Each call is held to the tier's per-attempt timeout and the request's deadline. A stream falls
 back freely until its first token; after it, when continuation is allowed
@@ -21,7 +23,8 @@ served by a lower tier than planned is flagged as a downgrade (``gateway.faults.
 
 A job whose client went away is ``abandon``ed and its task cancelled: the backend call is
 aborted (vLLM stops generating when its connection closes), and the job ends with outcome
-``client_disconnected`` (499), billed for the tokens that reached us before.
+``client_disconnected`` (499), billed for the tokens that reached us before (a hosted API's call:
+estimated, as above).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any, Protocol
 from backends.errors import BackendError, BackendRejected, ContextLengthExceeded
 from backends.protocol import Backend
 from backends.types import ChatChunk, ChatRequest, ChatResponse, Usage
+from gateway.accounting.estimates import billed_without_usage, estimate, output_text
 from gateway.accounting.records import Attempt, LedgerEntry, to_micro
 from gateway.errors import (
     ClientDisconnected,
@@ -94,20 +98,34 @@ class _MidStream(Exception):
 class _Streamed:
     """What one streamed attempt delivered so far."""
 
+    body: Mapping[str, Any]
+    """The body the attempt sent."""
+    external: bool
+    """To a hosted API (``DeploymentSpec.external``)."""
     usage: Usage | None = None
     """The last usage the backend reported: at the end, or (vLLM, continuous usage stats) in
     every chunk, so a stream that broke still has its prompt and completion tokens so far."""
+    called: bool = False
+    """The request went out (the attempt did not end while waiting for a slot)."""
+    received: int = 0
+    """Chunks the backend sent (the opening role-only one included)."""
     produced: int = 0
-    """Content tokens it delivered."""
+    """Content tokens it delivered (one per chunk; an estimate otherwise)."""
     sent: int = 0
     """Chunks it sent to the client."""
+    text: list[str] = field(default_factory=list)
+    """The text of the chunks that came without usage (a hosted API's), for an estimate."""
 
-    def billed(self) -> Usage | None:
-        """The backend's usage, or (a stream cut short before any) the tokens it delivered,
-        prompt tokens unknown."""
-        if self.usage is None and self.produced:
-            return Usage(0, self.produced)
-        return self.usage
+    def billed(self, outcome: str) -> tuple[Usage | None, bool]:
+        """What the attempt is booked, ending with ``outcome``, and whether it is an estimate:
+        the backend's usage; else, when its provider bills the call anyway, an estimate."""
+        if self.usage is not None:
+            return self.usage, False
+        if billed_without_usage(
+            outcome, external=self.external, sent=self.called, answered=self.received > 0
+        ):
+            return estimate(self.body, self.text, self.produced), True
+        return None, False
 
 
 @dataclass(slots=True)
@@ -136,6 +154,7 @@ class _Run:
         started: float,
         usage: Usage | None,
         error: str | None,
+        estimated: bool = False,
     ) -> None:
         elapsed = max(time.time() - started, 0.0)
         self.backend_s += elapsed
@@ -147,6 +166,7 @@ class _Run:
                 prompt_tokens=usage.prompt_tokens if usage else 0,
                 completion_tokens=usage.completion_tokens if usage else 0,
                 error=error,
+                estimated=estimated,
             )
         )
         if usage is not None:
@@ -269,23 +289,45 @@ class Executor:
     async def _call(self, run: _Run, deployment: str, tier: TierFaults) -> ChatResponse:
         started = time.time()
         server: str | None = None
+        body = run.job.body
+        sent = False
         try:
             async with self._pool.lease(deployment, affinity=run.job.conversation) as backend:
                 server = backend.address if self._tracing.enabled else None
-                request = self._request(run.job, run.job.body, deployment, started, tier)
+                request = self._request(run.job, body, deployment, started, tier)
                 async with self._inflight.watching(deployment):  # ended if it is drained
+                    sent = True
                     response = await backend.chat(request)
         except asyncio.CancelledError:
             why = "cancelled during the call"
-            self._record(run, deployment, "cancelled", started, None, why, server=server)
+            usage, guess = self._unanswered(deployment, body, "cancelled", sent)
+            self._record(
+                run, deployment, "cancelled", started, usage, why, server=server, estimated=guess
+            )
             raise
         except BackendError as exc:
-            if await self._failed(run, deployment, exc, started, None, server=server):
+            usage, guess = self._unanswered(deployment, body, exc.kind, sent)
+            if await self._failed(
+                run, deployment, exc, started, usage, server=server, estimated=guess
+            ):
                 raise _Tripped(exc) from exc
             raise
-        self._record(run, deployment, "ok", started, response.usage, None, server=server)
+        usage, guess = response.usage, False
+        if usage is None:  # an answer without usage is billed all the same
+            usage, guess = estimate(body, output_text(response.body)), True
+        self._record(run, deployment, "ok", started, usage, None, server=server, estimated=guess)
         await self._succeeded(deployment)
         return response
+
+    def _unanswered(
+        self, deployment: str, body: Mapping[str, Any], outcome: str, sent: bool
+    ) -> tuple[Usage | None, bool]:
+        """What a non-streamed call that got no answer is booked, and whether it is an
+        estimate: nothing, unless its provider bills it anyway (``estimates``)."""
+        external = self._external(deployment)
+        if billed_without_usage(outcome, external=external, sent=sent, answered=False):
+            return estimate(body), True
+        return None, False
 
     # -- streamed ---------------------------------------------------------------------------
 
@@ -338,7 +380,7 @@ class Executor:
     ) -> None:
         job = run.job
         started = run.attempt_at = time.time()
-        got = _Streamed()
+        got = _Streamed(body, external=self._external(deployment))
         resumed = run.ttft_at is not None
         server: str | None = None
         try:
@@ -353,24 +395,28 @@ class Executor:
         except asyncio.CancelledError:
             # What it delivered before the call was aborted.
             why = "cancelled during the stream"
+            usage, guess = got.billed("cancelled")
             self._record(
-                run, deployment, "cancelled", started, got.billed(), why,
-                server=server, resumed=resumed,
+                run, deployment, "cancelled", started, usage, why,
+                server=server, resumed=resumed, estimated=guess,
             )  # fmt: skip
             raise
         except BackendError as exc:
-            # No usage from the backend: what it delivered.
+            usage, guess = got.billed(exc.kind)
             tripped = await self._failed(
-                run, deployment, exc, started, got.billed(), server=server, resumed=resumed
-            )
+                run, deployment, exc, started, usage,
+                server=server, resumed=resumed, estimated=guess,
+            )  # fmt: skip
             if got.sent:
                 raise _MidStream(exc) from exc
             if tripped:
                 raise _Tripped(exc) from exc
             raise
+        usage, guess = got.billed("ok")
         self._record(
-            run, deployment, "ok", started, got.usage, None, server=server, resumed=resumed
-        )
+            run, deployment, "ok", started, usage, None,
+            server=server, resumed=resumed, estimated=guess,
+        )  # fmt: skip
         await self._succeeded(deployment)
 
     async def _relay(
@@ -385,9 +431,13 @@ class Executor:
         """Send one attempt's chunks to the client, counting what it delivered in ``got``."""
         job = run.job
         resumed = run.ttft_at is not None
+        got.called = True  # by the first ``anext``
         async for chunk in chunks:
+            got.received += 1
             if chunk.usage is not None:
                 got.usage = chunk.usage
+            else:
+                got.text.extend(output_text(chunk.data))
             data = chunk.data
             if resumed:
                 if is_role_only(data):
@@ -489,6 +539,11 @@ class Executor:
         spec = self._catalog.get(deployment) if deployment else None
         return spec.provider if spec else "unknown"
 
+    def _external(self, deployment: str) -> bool:
+        """Served by a hosted API, which bills us (``DeploymentSpec.external``)."""
+        spec = self._catalog.get(deployment)
+        return spec is not None and spec.external
+
     def _tier_faults(self, deployment: str) -> TierFaults:
         spec = self._catalog.get(deployment)
         return self._faults.get(spec.tier, TierFaults()) if spec else TierFaults()
@@ -515,11 +570,13 @@ class Executor:
         *,
         server: str | None = None,
         resumed: bool = False,
+        estimated: bool = False,
     ) -> bool:
         """Record a failed call; whether the deployment's breaker is open now."""
         self._record(
-            run, deployment, exc.kind, started, usage, str(exc), server=server, resumed=resumed
-        )
+            run, deployment, exc.kind, started, usage, str(exc),
+            server=server, resumed=resumed, estimated=estimated,
+        )  # fmt: skip
         self._count(deployment, exc.kind)
         if self._breaker is None or not exc.retryable:
             return False
@@ -536,12 +593,14 @@ class Executor:
         *,
         server: str | None = None,
         resumed: bool = False,
+        estimated: bool = False,
     ) -> None:
         """One attempt: in the ledger row, and as a ``backend.attempt`` span. Its kind says
         why it happened: ``first``, a ``retry`` on the same deployment, a ``fallback`` to the
-        next, or a ``continuation`` of a stream that broke; ``reason``: the previous outcome."""
+        next, or a ``continuation`` of a stream that broke; ``reason``: the previous outcome.
+        ``estimated``: ``usage`` is the gateway's estimate (``gateway.accounting.estimates``)."""
         previous = run.attempts[-1] if run.attempts else None
-        run.record(deployment, outcome, started, usage, error)
+        run.record(deployment, outcome, started, usage, error, estimated)
         if not self._tracing.enabled:
             return
         if resumed:
@@ -627,7 +686,7 @@ class Executor:
     def _entry(self, run: _Run, outcome: str, status: int) -> LedgerEntry:
         job = run.job
         now = time.time()
-        cost, baseline, known = self._costs(job, run)
+        cost, baseline, known, estimated = self._costs(job, run)
         spec = self._catalog.get(run.deployment) if run.deployment else None
         tags = (*job.tags, DOWNGRADE_TAG) if run.downgraded else job.tags
         return LedgerEntry(
@@ -655,13 +714,17 @@ class Executor:
             queue_ms=(run.picked_at - job.enqueued_at) * 1000,
             attempts=tuple(run.attempts),
             idempotency_key=None if job.stream else job.idempotency_key,  # it ran under the key
+            estimated_micro_usd=estimated,
         )
 
-    def _costs(self, job: Job, run: _Run) -> tuple[int | None, int | None, bool]:
+    def _costs(self, job: Job, run: _Run) -> tuple[int | None, int | None, bool, int | None]:
         """Cost and baseline of every attempt that produced tokens, in micro-dollars; ``None``
-        where a price is unknown (flagged, never booked as zero)."""
+        where a price is unknown (flagged, never booked as zero). Then whether the price is
+        known, and the part of the cost priced from estimated tokens (``None``: no estimate;
+        0 when the cost is unknown, as ``LedgerEntry.estimated_micro_usd`` says)."""
         cost: Decimal | None = Decimal(0)
         baseline: Decimal | None = Decimal(0)
+        estimated: Decimal | None = None
         baseline_model = self._baselines.get(job.tenant)
         for attempt in run.attempts:
             if not (attempt.prompt_tokens or attempt.completion_tokens):
@@ -671,10 +734,15 @@ class Executor:
             base = self._prices.cost(baseline_model, usage) if baseline_model else None
             cost = None if cost is None or price is None else cost + price
             baseline = None if baseline is None or base is None else baseline + base
+            if attempt.estimated:
+                estimated = (estimated or Decimal(0)) + (price or Decimal(0))
+        if estimated is not None and cost is None:
+            estimated = Decimal(0)  # the cost is unknown: none of it is in any sum
         return (
             None if cost is None else to_micro(cost),
             None if baseline is None else to_micro(baseline),
             cost is not None,
+            None if estimated is None else to_micro(estimated),
         )
 
     def _route_meta(self, run: _Run) -> dict[str, Any]:

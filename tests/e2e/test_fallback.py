@@ -26,6 +26,7 @@ import yaml
 from gateway.accounting.prices import load_litellm_cost_map
 from gateway.accounting.records import Attempt, LedgerEntry
 from gateway.queue.keys import LANES, RedisKeys
+from router.features import estimate_tokens
 from tests.e2e.ledger import wait_entry
 from tests.support import (
     TEST_KEYS,
@@ -112,11 +113,26 @@ class FaultStack:
         entry = load_litellm_cost_map()[deployment]
         return Decimal(entry["input_cost_per_token"]), Decimal(entry["output_cost_per_token"])
 
-    def cost_micro_usd(self, attempt: Attempt) -> int:
-        """What ``attempt``'s tokens cost at its deployment's price, in ledger micro-dollars."""
-        per_input, per_output = self.price(attempt.deployment)
-        usd = per_input * attempt.prompt_tokens + per_output * attempt.completion_tokens
+    def cost_micro_usd(self, *attempts: Attempt) -> int:
+        """What the ``attempts``' tokens cost at their deployments' prices, in ledger
+        micro-dollars (rounded once, as a row's cost is)."""
+        usd = Decimal(0)
+        for attempt in attempts:
+            per_input, per_output = self.price(attempt.deployment)
+            usd += per_input * attempt.prompt_tokens + per_output * attempt.completion_tokens
         return int(usd.scaleb(6).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+    def prompt_estimate(self, model: str, prompt: str = PROMPT) -> int:
+        """The edge's estimate of the prompt's tokens (rate limits, budgets), as
+        ``/v1/route/explain`` reports it."""
+        response = httpx.post(
+            f"{self.base_url}/v1/route/explain",
+            json={"model": model, "messages": messages(prompt), "max_tokens": 300},
+            headers={"authorization": f"Bearer {TEST_KEYS['TIERGATE_KEY_ACME']}"},
+            timeout=10,
+        )
+        assert response.status_code == 200, response.text
+        return int(response.json()["estimated_prompt_tokens"])
 
     def queue(self, tier: str) -> tuple[int, int]:
         """The tier's slot leases held on its replicas, and the jobs waiting in its lanes."""
@@ -401,7 +417,9 @@ async def test_stall_in_a_non_streamed_answer_times_out_and_moves_on(fstack: Fau
     assert outcomes(row) == [(SMALL, "timeout"), (LARGE, "ok")]  # moved on, not retried
     stalled, served = row.attempts
     assert 3_900 <= stalled.latency_ms < 6_000  # held to the attempt timeout, no longer
-    assert (stalled.prompt_tokens, stalled.completion_tokens) == (0, 0)  # no body, no usage
+    # no body, no usage; and our own GPUs send no invoice, so nothing is estimated
+    assert (stalled.prompt_tokens, stalled.completion_tokens) == (0, 0)
+    assert not row.usage_estimated and row.estimated_micro_usd is None
     (small_log,) = await fstack.logged(SMALL, answer.request_id)
     assert (small_log["fault"], small_log["finish_reason"]) == ("stall_after_tokens", "abort")
     (large_log,) = fstack.usage(LARGE, answer.request_id)
@@ -415,6 +433,35 @@ async def test_stall_in_a_non_streamed_answer_times_out_and_moves_on(fstack: Fau
         served.completion_tokens,
     )
     assert row.cost_micro_usd == fstack.cost_micro_usd(served) > 0
+
+
+async def test_hosted_call_that_times_out_is_booked_its_estimated_prompt(
+    fstack: FaultStack,
+) -> None:
+    """The same stall on the hosted API: it read the prompt and bills it, but the answer (and
+    its usage) never comes. The attempt is booked the edge's prompt estimate, no completion
+    (unknown), flagged; the 70B's answer is booked as its simulator logged it."""
+    fstack.faults(EXTERNAL, stall_after_tokens=40, stall_ms=30_000)
+    answer = await ask(fstack, "external", stream=False)
+    assert answer.model == LARGE and answer.finish_reason == "stop"
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(EXTERNAL, "timeout"), (LARGE, "ok")]
+    stalled, served = row.attempts
+    assert stalled.estimated and not served.estimated
+    assert (stalled.prompt_tokens, stalled.completion_tokens) == (
+        fstack.prompt_estimate("external"),
+        0,
+    )
+    (ext_log,) = await fstack.logged(EXTERNAL, answer.request_id)
+    assert ext_log["finish_reason"] == "abort" and ext_log["prompt_tokens"] > 0
+    (large_log,) = fstack.usage(LARGE, answer.request_id)
+    assert (served.prompt_tokens, served.completion_tokens) == (
+        large_log["prompt_tokens"],
+        large_log["completion_tokens"],
+    )
+    assert row.prompt_tokens == stalled.prompt_tokens + served.prompt_tokens
+    assert row.cost_micro_usd == fstack.cost_micro_usd(stalled, served)
+    assert row.estimated_micro_usd == fstack.cost_micro_usd(stalled) > 0
 
 
 # -- broken streams ---------------------------------------------------------------------------
@@ -435,6 +482,7 @@ async def test_stream_cut_after_40_tokens_continues_on_the_fallback(fstack: Faul
     row = await entry(fstack, answer.request_id)
     assert outcomes(row) == [(SMALL, "stream_cut"), (LARGE, "ok")]
     cut, rest = row.attempts
+    assert not row.usage_estimated  # vLLM reported usage in every chunk
     # the ledger matches what each simulator says it produced for this request; of a cut
     # stream it books what reached the gateway, which may be less than the backend sent
     # (bytes in flight when the connection broke are lost with it)
@@ -475,8 +523,9 @@ async def test_broken_stream_that_cannot_continue_ends_with_an_error_event(
     fstack: FaultStack, fault: dict[str, Any], outcome: str
 ) -> None:
     """External first: a hosted API's answer cannot be continued elsewhere. The client gets
-    exactly the 40 tokens it sent, then the error event; the ledger books what that attempt
-    produced, as the simulator logged it, at the model's price."""
+    exactly the 40 tokens it sent, then the error event. The API reports usage only at its end,
+    so the ledger books that attempt from estimates, flagged: the edge's prompt estimate and the
+    text it delivered (docs/costs.md, "Estimated usage"), at the model's price."""
     clean = await read_stream(fstack, "external")
     assert len(clean.pieces) > 45, "the test prompt needs an answer over 40 tokens"
     fstack.faults(EXTERNAL, **fault)
@@ -490,12 +539,15 @@ async def test_broken_stream_that_cannot_continue_ends_with_an_error_event(
     (attempt,) = row.attempts
     (log,) = await fstack.logged(EXTERNAL, broken.request_id)
     assert (log["finish_reason"], log["completion_tokens"]) == ("abort", 40)
-    assert attempt.completion_tokens == 40
-    # A hosted API reports usage only at its end: the prompt tokens of its broken stream are
-    # unknown to the gateway and booked as 0 (docs/fallback.md, "Not covered yet").
-    assert attempt.prompt_tokens == 0 < log["prompt_tokens"]
-    assert (row.prompt_tokens, row.completion_tokens) == (0, 40)
+    assert attempt.estimated and row.usage_estimated
+    assert attempt.prompt_tokens == fstack.prompt_estimate("external") > 0
+    assert attempt.completion_tokens == max(40, estimate_tokens("".join(broken.pieces)))
+    assert (row.prompt_tokens, row.completion_tokens) == (
+        attempt.prompt_tokens,
+        attempt.completion_tokens,
+    )
     assert row.cost_micro_usd == fstack.cost_micro_usd(attempt) > 0
+    assert row.estimated_micro_usd == row.cost_micro_usd  # all of it rests on the estimate
 
 
 async def test_rule_forbidding_continuation_ends_the_stream_instead(fstack: FaultStack) -> None:
@@ -525,6 +577,7 @@ async def test_rule_forbidding_continuation_ends_the_stream_instead(fstack: Faul
     (cut,) = row.attempts
     (log,) = await fstack.logged(SMALL, broken.request_id)
     assert log["completion_tokens"] == 40
+    assert not cut.estimated and row.estimated_micro_usd is None  # the backend's own counts
     assert (cut.prompt_tokens, cut.completion_tokens) == (
         log["prompt_tokens"],
         log["completion_tokens"],

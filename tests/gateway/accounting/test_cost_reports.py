@@ -13,6 +13,7 @@ from rich.console import Console
 
 from backends.types import Usage
 from gateway.accounting import (
+    Attempt,
     CostReport,
     CostSums,
     PriceBook,
@@ -209,6 +210,8 @@ async def test_json_and_csv_output(filled: SqlLedger) -> None:
         "savings_usd": "0.000090",
         "unknown_price": 0,
         "unknown_baseline": 0,
+        "estimated": 0,
+        "estimated_usd": "0.000000",
     }
     assert data["rows"][2]["unknown_price"] == 1 and data["rows"][2]["cost_usd"] == "0.000000"
     assert data["totals"]["cost_usd"] == "0.000590"
@@ -218,12 +221,50 @@ async def test_json_and_csv_output(filled: SqlLedger) -> None:
     lines = text.splitlines()
     assert lines[0] == (
         "day,model,requests,prompt_tokens,completion_tokens,cost_usd,baseline_usd,savings_usd,"
-        "unknown_price,unknown_baseline"
+        "unknown_price,unknown_baseline,estimated,estimated_usd"
     )
-    assert lines[2] == f"2025-03-01,{SMALL},1,100,20,0.000030,0.000120,0.000090,0,0"
+    assert lines[2] == f"2025-03-01,{SMALL},1,100,20,0.000030,0.000120,0.000090,0,0,0,0.000000"
     rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == 5
     assert sum(Decimal(r["cost_usd"]) for r in rows) == report.totals.cost
+
+
+async def test_cost_resting_on_estimates_is_shown_per_tenant(ledger: SqlLedger) -> None:
+    """Rows booked in part from estimated usage are counted and the part of their cost priced
+    from estimates summed, per group and in the totals; unknown-priced rows count, add $0."""
+    hosted = Attempt("gpt-4o-mini", "stream_cut", 900.0, 230, 41, "cut", estimated=True)
+    exact = Attempt(SMALL, "ok", 12.5, 100, 20)
+    await ledger.record_many(
+        [
+            make_entry("e1", cost_micro_usd=80, estimated_micro_usd=59, attempts=(hosted, exact)),
+            make_entry("e2", cost_micro_usd=59, estimated_micro_usd=59, attempts=(hosted,)),
+            make_entry(
+                "e3",
+                cost_micro_usd=None,
+                price_known=False,
+                estimated_micro_usd=0,
+                attempts=(hosted,),
+            ),
+            make_entry("x1", cost_micro_usd=30),
+            make_entry("g1", tenant="globex", principal="tenant:globex", cost_micro_usd=40),
+        ]
+    )
+    report = await cost_report(ledger, tenant=None, start=None, end=None, group_by=("tenant",))
+    groups = by_group(report)
+    acme, globex = groups[("acme",)], groups[("globex",)]
+    assert (acme.requests, acme.cost_micro_usd, acme.unknown_price) == (4, 169, 1)
+    assert (acme.estimated, acme.estimated_micro_usd) == (3, 118)
+    assert acme.estimated_usd == Decimal("0.000118")
+    assert (globex.estimated, globex.estimated_micro_usd) == (0, 0)
+    assert (report.totals.estimated, report.totals.estimated_micro_usd) == (3, 118)
+    data = render_json(report)
+    assert (data["rows"][0]["estimated"], data["rows"][0]["estimated_usd"]) == (3, "0.000118")
+    assert data["totals"]["estimated_usd"] == "0.000118"
+    lines = render_csv(report).splitlines()
+    assert lines[1].endswith(",3,0.000118") and lines[2].endswith(",0,0.000000")
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(render_table(report))
+    assert "$0.00 (3)" in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 async def test_table_rounds_to_cents(ledger: SqlLedger) -> None:

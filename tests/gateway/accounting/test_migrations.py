@@ -39,15 +39,20 @@ def test_head_revision_constant_is_alembics_head() -> None:
     assert head_revision() == HEAD_REVISION
 
 
-def _skeleton() -> Table:
-    """``ledger_entries`` as revisions 0001 and 0002 have it (before ``idempotency_key``)."""
+_ADDED = {"0003": "idempotency_key", "0004": "estimated_micro_usd"}
+"""Columns of ``ledger_entries`` added after revision 0002, by the revision that added them."""
+
+
+def _skeleton(revision: str = "0002") -> Table:
+    """``ledger_entries`` as ``revision`` has it (0001 and 0002: the skeleton's columns)."""
+    later = {column for added, column in _ADDED.items() if added > revision}
     table = Table(
         "ledger_entries",
         MetaData(naming_convention=metadata.naming_convention),
         *(
             Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
             for c in ledger_entries.columns
-            if c.name != "idempotency_key"
+            if c.name not in later
         ),
     )
     Index(None, table.c.tenant, table.c.created_at)
@@ -64,14 +69,14 @@ def _upgrade_to(connection: Connection, revision: str) -> None:
     command.upgrade(migrate_config(connection), revision)
 
 
-@pytest.mark.parametrize("start", ["0001", "0002"])
+@pytest.mark.parametrize("start", ["0001", "0002", "0003"])
 async def test_a_database_behind_head_is_upgraded_and_keeps_its_rows(
     db_url: str, start: str
 ) -> None:
     old = await SqlLedger.connect(db_url, migrate=False)
     try:
         await _drop_everything(old)
-        skeleton = _skeleton()
+        skeleton = _skeleton(start)
         async with old.engine.begin() as conn:
             await conn.run_sync(_upgrade_to, start)
             await conn.execute(skeleton.insert(), [_old_row(skeleton, "before")])
@@ -86,6 +91,7 @@ async def test_a_database_behind_head_is_upgraded_and_keeps_its_rows(
             assert await conn.run_sync(_diff) == []
         before = await ledger.get("before")
         assert before is not None and before.idempotency_key is None
+        assert before.estimated_micro_usd is None and not before.usage_estimated
         keyed = make_entry("after", idempotency_key="k-1", created_at=T0 + timedelta(seconds=1))
         assert await ledger.record(keyed)
         assert await ledger.idempotent_request("acme", "k-1", T0) == "after"

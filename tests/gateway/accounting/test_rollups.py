@@ -140,6 +140,7 @@ async def test_verify_is_clean_then_finds_each_difference(
     report = await verify_ledger(ledger, redis=redis, stream=stream, today=NOW.date())
     assert report.ok, report.differences
     assert (report.rows, report.days, report.stream_booked, report.stream_in_flight) == (5, 2, 1, 1)
+    assert report.estimated_rows == 0 and not any("estimated" in n for n in report.notes)
 
     # A row that arrives after its day was rolled up; a tampered rollup; a tampered true-up;
     # an event that disagrees with its row; a garbled event; a $0 row with tokens.
@@ -158,10 +159,17 @@ async def test_verify_is_clean_then_finds_each_difference(
     )
     await redis.xadd(stream, {"e": b"not json"})
     await ledger.record(make_entry("zero", created_at=T0 + timedelta(days=3), cost_micro_usd=0))
+    # Estimated usage: one row as booked (a note), one whose estimated part exceeds its cost.
+    later = T0 + timedelta(days=3)
+    await ledger.record(make_entry("est", created_at=later, estimated_micro_usd=25))
+    await ledger.record(make_entry("over", created_at=later, estimated_micro_usd=31))
     report = await verify_ledger(ledger, redis=redis, stream=stream, today=NOW.date())
     checks = sorted(d.check for d in report.differences)
     assert checks.count("rollups") == 3  # late row on DAY, tampered DAY+1, unrolled DAY+3
     assert checks.count("true-up") == 2
     assert checks.count("stream") == 2
-    assert checks.count("rows") == 1
+    assert checks.count("rows") == 2
     assert any("zero: tokens booked at $0" in d.detail for d in report.differences)
+    assert any("over: estimated cost is not within cost" in d.detail for d in report.differences)
+    assert (report.estimated_rows, report.estimated_micro_usd) == (2, 56)
+    assert any(n.startswith("2 requests booked in part from estimated usage") for n in report.notes)

@@ -6,11 +6,13 @@ import sys
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
+import orjson
 import pytest
 from sqlalchemy import func, inspect, select, text
 
 from gateway.accounting import Attempt, SqlLedger
 from gateway.accounting.events import decode_entry, encode_entry
+from gateway.accounting.ledger import entry_to_row
 from gateway.accounting.schema import ledger_entries
 
 from .conftest import BACKENDS
@@ -106,6 +108,54 @@ async def test_unknown_price_is_null_and_flagged(ledger: SqlLedger) -> None:
     assert [tuple(r) for r in rows] == [("u1", None, None, False), ("u2", None, 120, False)]
     got = await ledger.get("u1")
     assert got is not None and got.cost_usd is None and not got.price_known
+
+
+async def test_estimated_usage_round_trips(ledger: SqlLedger) -> None:
+    """A row whose hosted attempt was booked from estimates: the attempt's flag and the row's
+    estimated cost survive the event and SQL; exact attempts carry no flag in their JSON."""
+    entry = make_entry(
+        "est-1",
+        deployment="gpt-4o-mini",
+        prompt_tokens=250,
+        completion_tokens=40,
+        cost_micro_usd=61,
+        estimated_micro_usd=41,
+        attempts=(
+            Attempt("gpt-4o-mini", "timeout", 4000.0, 230, 0, "timed out", estimated=True),
+            Attempt("llama-3.1-8b-instruct", "ok", 12.5, 20, 40),
+        ),
+    )
+    assert entry.usage_estimated
+    assert [a.to_dict().get("estimated") for a in entry.attempts] == [True, None]
+    assert decode_entry(encode_entry(entry)) == entry
+    assert await ledger.record(entry)
+    assert await ledger.get("est-1") == entry
+
+
+async def test_rows_and_attempts_from_before_the_flag_read_as_exact(ledger: SqlLedger) -> None:
+    """Attempts booked before ``estimated`` existed have no such key, and their rows no
+    estimated cost: they read as the backends' own counts."""
+    old_attempt = {
+        "deployment": "gpt-4o-mini",
+        "outcome": "stream_cut",
+        "latency_ms": 812.25,
+        "prompt_tokens": 0,
+        "completion_tokens": 40,
+        "error": "stream ended before a finish_reason",
+    }
+    assert Attempt.from_dict(old_attempt) == Attempt(
+        "gpt-4o-mini", "stream_cut", 812.25, 0, 40, "stream ended before a finish_reason"
+    )
+    row = {**entry_to_row(make_entry("old-1")), "attempts": [old_attempt]}
+    del row["estimated_micro_usd"]  # as a writer before the column inserted it
+    async with ledger.engine.begin() as conn:
+        await conn.execute(ledger_entries.insert(), [row])
+    got = await ledger.get("old-1")
+    assert got is not None and got.estimated_micro_usd is None and not got.usage_estimated
+    assert got.attempts[0].estimated is False
+    event = orjson.loads(encode_entry(make_entry("old-2")))
+    assert "estimated_micro_usd" not in event  # events of exact rows are as before
+    assert decode_entry(orjson.dumps(event)).estimated_micro_usd is None
 
 
 async def test_naive_datetime_refused(ledger: SqlLedger) -> None:

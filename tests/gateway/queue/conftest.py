@@ -72,8 +72,11 @@ async def redis_conn(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 async def start_sim() -> AsyncIterator[Callable[..., Awaitable[CountingSim]]]:
     runners: list[web.AppRunner] = []
 
-    async def start(capacity: int, *, time_scale: float = 1.0, itl_s: float = 0.01) -> CountingSim:
-        profile = dataclasses.replace(PROFILES[MODEL], max_num_seqs=capacity, itl_s=itl_s)
+    async def start(
+        capacity: int, *, time_scale: float = 1.0, itl_s: float = 0.01, model: str = MODEL
+    ) -> CountingSim:
+        """A replica of ``model``'s profile (another's, e.g. ``gpt-4o-mini``: a hosted API)."""
+        profile = dataclasses.replace(PROFILES[model], max_num_seqs=capacity, itl_s=itl_s)
         app = create_sim_app(profile, time_scale=time_scale)
         sim = CountingSim(url="", capacity=capacity)
 

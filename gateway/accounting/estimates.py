@@ -1,0 +1,74 @@
+"""Estimated usage: what an attempt is booked when its backend reported none for a call its
+provider bills anyway.
+
+The ledger books every attempt from the backend's own ``usage``. Some calls end without one:
+
+- a hosted API (litellm deployments) reports usage only at the end of a stream, so its stream
+  cut, stalled or abandoned by the client after it started has none (vLLM reports usage in every
+  chunk: its broken streams keep their exact counts, never estimates);
+- a call to a hosted API that timed out, or was cancelled (the client left), after it was sent
+  never gets its answer, usage included, yet the provider bills the prompt it read and what it
+  generated; the gateway cannot tell a provider still thinking from a connect that never
+  completed, so it books both the same way;
+- a stream, or an answer, that arrived without usage (a usage chunk lost after the
+  ``finish_reason``, a provider that omits it).
+
+Such an attempt is booked from estimates and flagged (``Attempt.estimated``, and the row's
+``estimated_micro_usd``):
+
+- **prompt tokens**: ``router.features.estimate_tokens`` of the messages sent, the very number the
+  edge used for rate limits and budget reservations (``PromptFeatures.estimated_prompt_tokens``);
+- **completion tokens**: of what arrived, the larger of the content chunks (each carries at least
+  one token) and the estimate of its text (a hosted API's chunk may carry several tokens, and
+  tool-call arguments count too); of an answer that never arrived, 0 (unknown: the flag says the
+  row needs the provider's figure).
+
+A call the provider refused (an HTTP error), that never connected, or that was never sent is
+booked nothing, as before: no provider bills it. Nor is a call to vLLM that timed out or was
+cancelled before its first chunk: no invoice comes from our own GPUs, whose hours the daily
+true-up charges in full anyway (docs/costs.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from backends.types import Usage
+from router.features import estimate_tokens, message_text
+
+__all__ = ["STOPPED_WAITING", "billed_without_usage", "estimate", "output_text"]
+
+STOPPED_WAITING = frozenset({"timeout", "cancelled"})
+"""Outcomes where the gateway stopped waiting rather than the provider answering: a call sent to
+a hosted API may then be in its hands, and on its invoice."""
+
+
+def billed_without_usage(outcome: str, *, external: bool, sent: bool, answered: bool) -> bool:
+    """Whether an attempt that ends without usage is billed anyway: its backend ``answered``
+    (a chunk or an answer arrived), or it was ``sent`` to a hosted (``external``) API and the
+    gateway stopped waiting for it (``STOPPED_WAITING``)."""
+    return answered or (sent and external and outcome in STOPPED_WAITING)
+
+
+def estimate(body: Mapping[str, Any], texts: Iterable[str] = (), pieces: int = 0) -> Usage:
+    """Estimated usage of a call with ``body``: its prompt, and the completion whose text
+    (``texts``) arrived in ``pieces`` content chunks (none: 0)."""
+    messages = body.get("messages")
+    prompt = estimate_tokens(messages if isinstance(messages, list) else ())
+    return Usage(prompt, max(pieces, estimate_tokens("".join(texts))))
+
+
+def output_text(data: Mapping[str, Any]) -> list[str]:
+    """The text of an answer or a chunk (``choices[].message`` or ``.delta``): content and tool
+    calls, as ``router.features.message_text`` reads a message."""
+    texts: list[str] = []
+    for choice in data.get("choices") or ():
+        if not isinstance(choice, Mapping):
+            continue
+        message = choice.get("message") or choice.get("delta")
+        if isinstance(message, Mapping):
+            text = message_text(message)
+            if text:
+                texts.append(text)
+    return texts
