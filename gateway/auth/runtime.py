@@ -7,6 +7,10 @@ counter is also polled every ``poll_s``, so a missed message costs one poll) and
 refused by every process within about a round trip plus one SQL read. Expiry (the end of a
 rotation window) needs no message: it is checked against the clock on every lookup.
 
+A tenant whose stored settings do not load (a row edited by hand) is logged and keeps the
+settings this process last loaded for it; the other tenants and every key reload as usual, and
+the reload loop survives any error, since it is what carries revocations here.
+
 Last-used times are collected in memory and written in one batched UPDATE every
 ``flush_s`` (and at shutdown).
 """
@@ -88,10 +92,14 @@ class RuntimeAuth:
 
     async def reload(self, version: int | None = None) -> None:
         keys = await self.store.list_keys()
-        tenants = await self.store.list_tenants()
+        tenants, invalid = await self.store.load_tenants()
+        loaded = {t.name: t for t in tenants}
+        for name in invalid:  # keeps the settings it had (none: unknown until fixed)
+            if name in self._tenants:
+                loaded[name] = self._tenants[name]
         self._keys = {r.key_id: r for r in keys if r.revoked_at is None}
         self._principals = {k: r.to_principal() for k, r in self._keys.items()}
-        self._tenants = {t.name: t for t in tenants}
+        self._tenants = loaded
         if version is not None:
             self._version = version
         self._loaded_at = time.monotonic()
@@ -152,6 +160,11 @@ class RuntimeAuth:
                 except SQLAlchemyError as exc:
                     log.warning("auth: cannot reload keys from SQL: %s", type(exc).__name__)
                     await asyncio.sleep(max(self._poll_s, 1.0))
+                except Exception:
+                    # Anything else (a bug, a row we cannot read): this loop is what carries
+                    # revocations to this process, so it must not die.
+                    log.exception("auth: reload failed")
+                    await asyncio.sleep(max(self._poll_s, 1.0))
         finally:
             await _drop(pubsub)
 
@@ -163,6 +176,8 @@ class RuntimeAuth:
             await self.reload()
         except SQLAlchemyError as exc:
             log.warning("auth: cannot reload keys from SQL: %s", type(exc).__name__)
+        except Exception:
+            log.exception("auth: reload failed")
 
     async def _flush_loop(self) -> None:
         while True:

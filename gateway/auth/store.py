@@ -8,10 +8,12 @@ stored.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import IntegrityError
@@ -30,6 +32,8 @@ from gateway.auth.tokens import NewKey, new_key
 from gateway.errors import Conflict, InvalidRequest, NotFound
 
 __all__ = ["IssuedKey", "SqlAuthStore"]
+
+log = logging.getLogger(__name__)
 
 
 def _now() -> datetime:
@@ -133,9 +137,29 @@ class SqlAuthStore:
         return _tenant_record(row)
 
     async def list_tenants(self) -> list[TenantRecord]:
+        """Every tenant whose stored profile loads (see ``load_tenants``)."""
+        records, _invalid = await self.load_tenants()
+        return records
+
+    async def load_tenants(self) -> tuple[list[TenantRecord], list[str]]:
+        """The tenants whose stored profile loads, and the names of those whose profile does
+        not (edited by hand in SQL, say): one bad row must not hide every other tenant."""
         async with self._engine.connect() as conn:
             rows = (await conn.execute(select(tenants).order_by(tenants.c.name))).mappings()
-            return [_tenant_record(r) for r in rows]
+            records: list[TenantRecord] = []
+            invalid: list[str] = []
+            for row in rows:
+                try:
+                    records.append(_tenant_record(row))
+                except ValidationError as exc:
+                    log.error(
+                        "auth: stored settings of tenant %r are invalid (%d errors, first at %s)",
+                        row["name"],
+                        exc.error_count(),
+                        ".".join(str(p) for p in exc.errors()[0]["loc"]) or "the top level",
+                    )
+                    invalid.append(row["name"])
+            return records, invalid
 
     async def delete_tenant(self, name: str) -> None:
         """Remove a tenant and revoke every key acting for it."""

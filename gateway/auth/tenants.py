@@ -120,8 +120,11 @@ class TenantProfile(BaseModel):
     def from_stored(cls, data: Mapping[str, Any]) -> TenantProfile:
         """A profile as SQL holds it. Profiles stored before budgets were enforced may carry
         ``monthly_budget_usd: 0``, which was accepted then and meant nothing; it loads as unset
-        (new ones must be above zero, like every budget limit)."""
-        stored = dict(data)
+        (new ones must be above zero, like every budget limit).
+
+        Fields this version does not know (written by a newer one, before a rollback) are
+        ignored, and ``ValidationError`` raised for what it knows but cannot accept."""
+        stored = {k: v for k, v in data.items() if k in cls.model_fields}
         if _is_zero(stored.get("monthly_budget_usd")):
             stored["monthly_budget_usd"] = None
         return cls.model_validate(stored)

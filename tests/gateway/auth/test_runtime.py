@@ -11,10 +11,12 @@ from datetime import timedelta
 
 import pytest
 import redis.asyncio as aioredis
+from sqlalchemy import update
 
 from gateway.auth.admin import AuthAdmin
 from gateway.auth.changes import AuthChanges
 from gateway.auth.runtime import RuntimeAuth
+from gateway.auth.schema import tenants
 from gateway.auth.store import SqlAuthStore
 from gateway.auth.tenants import TenantProfile
 
@@ -122,3 +124,52 @@ async def test_tenants_reach_the_listener(
     await admin.create_tenant("umbrella", TenantProfile(priority="batch"))
     await _wait(lambda: "umbrella" in there.tenants)
     assert there.tenants["umbrella"].profile.priority == "batch"
+
+
+async def test_a_tenant_whose_row_goes_bad_keeps_its_last_settings(
+    pair: tuple[AuthAdmin, RuntimeAuth, RuntimeAuth],
+) -> None:
+    """The row is broken by hand in SQL: the copies keep what they had for it, and go on
+    reloading everything else (a revocation still arrives)."""
+    admin, _here, there = pair
+    await admin.create_tenant("umbrella", TenantProfile(priority="batch"))
+    await _wait(lambda: "umbrella" in there.tenants)
+    async with admin.store._engine.begin() as conn:
+        await conn.execute(
+            update(tenants).where(tenants.c.name == "umbrella").values(profile={"weight": -1})
+        )
+    issued = await admin.create_key("app", ["tenant:acme"])  # a change: every copy reloads
+    await _wait(lambda: there.authenticate(issued.key) is not None)
+    assert there.tenants["umbrella"].profile.priority == "batch"
+    await admin.revoke_key(issued.record.key_id)
+    await _wait(lambda: there.authenticate(issued.key) is None, timeout_s=1.0)
+
+
+async def test_the_reload_loop_survives_an_unexpected_error(
+    store_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """Whatever a reload raises, the loop that carries revocations to this process goes on."""
+    store = await SqlAuthStore.connect(store_url)
+    client = aioredis.Redis.from_url(redis_url)
+    failures: list[Exception] = []
+
+    def listener(_tenants: object) -> None:
+        if failures:
+            raise failures.pop()
+
+    copy = RuntimeAuth(store, AuthChanges(client, key_prefix), poll_s=0.05, on_tenants=listener)
+    admin = AuthAdmin(store, copy.changes, None)
+    try:
+        await copy.start()
+        failures.append(RuntimeError("a listener bug"))
+        issued = await store.create_key("app", ["tenant:acme"])  # SQL only
+        await copy.changes.announce()  # this reload raises in the listener
+        await _wait(lambda: not failures)
+        await copy.changes.announce()
+        await _wait(lambda: copy.authenticate(issued.key) is not None, timeout_s=2.0)
+        await admin.revoke_key(issued.record.key_id)
+        await _wait(lambda: copy.authenticate(issued.key) is None, timeout_s=2.0)
+    finally:
+        await copy.aclose()
+        await client.aclose()
+        await store.aclose()

@@ -64,6 +64,28 @@ async def test_profiles_stored_before_limits_and_budgets_load(store: SqlAuthStor
     assert updated.profile.requests_per_minute == 30 and updated.profile.priority == "standard"
 
 
+async def test_a_bad_stored_row_hides_no_other_tenant(store: SqlAuthStore) -> None:
+    """A row edited by hand into something this version refuses is reported by name; fields it
+    does not know (written by a newer version, before a rollback) are ignored."""
+    at = datetime(2025, 1, 1, tzinfo=UTC)
+    rows = {
+        "good": {"priority": "batch"},
+        "bad": {"weight": -1},
+        "newer": {"priority": "interactive", "a_setting_from_a_later_version": 3},
+    }
+    async with store._engine.begin() as conn:
+        for name, profile in rows.items():
+            await conn.execute(
+                insert(tenants).values(name=name, profile=profile, created_at=at, updated_at=at)
+            )
+    records, invalid = await store.load_tenants()
+    assert invalid == ["bad"]
+    loaded = {r.name: r.profile for r in records}
+    assert loaded["good"].priority == "batch"
+    assert loaded["newer"].priority == "interactive"
+    assert sorted(t.name for t in await store.list_tenants()) == ["good", "newer"]
+
+
 async def test_limits_budgets_and_baseline_round_trip(store: SqlAuthStore) -> None:
     profile = TenantProfile.model_validate(
         {
