@@ -119,11 +119,19 @@ def markdown(results: dict[str, Any]) -> str:
         )
     memory = h.get("memory")
     if memory:
+        fresh = " (a fresh gateway)" if results["soak"].get("fresh_gateway") else ""
         rows.append(
             f"| resident memory before → after {memory['duration_s']:g} s at "
-            f"{results['soak']['rate_rps']:g} rps | {_f(memory['rss_mb_before'])} → "
+            f"{results['soak']['rate_rps']:g} rps{fresh} | {_f(memory['rss_mb_before'])} → "
             f"{_f(memory['rss_mb_after'])} MB ({_f(memory['rss_growth_pct'], ' %')}) "
             f"| < 200 MB, < 10 % growth |"
+        )
+    retained = env.get("gateway_rss_mb_after_load_phases")
+    if retained is not None:
+        rows.append(
+            f"| resident memory at ready → after the concurrency and rate points (the peak of "
+            f"in-flight requests stays resident) | {_f(env.get('gateway_rss_mb_at_ready'))} → "
+            f"{_f(retained)} MB | |"
         )
     for key, what in (
         ("stages_ms_c1", "tiergate's own time by stage, p50 (Server-Timing), concurrency 1"),

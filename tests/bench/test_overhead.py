@@ -60,6 +60,8 @@ def test_tiny_run_writes_sane_results(tmp_path: Path) -> None:
 
     soak = results["soak"]
     assert soak["ok"] > 0 and _positive(soak["rss_mb_before"]) and _positive(soak["rss_mb_after"])
+    assert soak["fresh_gateway"] is True  # the memory target's run starts from a new process
+    assert _positive(results["environment"]["gateway_rss_mb_after_load_phases"])
 
     (stream,) = results["streaming"]
     for side in ("direct", "through"):
