@@ -50,6 +50,11 @@ def raw_error_response(error: GatewayError) -> bytes:
 
 async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
+    cause = exc.__cause__
+    if exc.status == 503 and cause is not None:
+        # The body names only the kind of failure; what the infrastructure said (a Redis or
+        # network error's message) is for the operator's log, not the client.
+        log.warning("%s: %s (%s: %s)", request.url.path, exc.code, type(cause).__name__, cause)
     return error_response(request, exc)
 
 

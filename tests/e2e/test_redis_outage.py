@@ -24,7 +24,9 @@ def own_stack(tmp_path: Path) -> Iterator[tuple[RedisServer, str, str]]:
         yield stack
 
 
-async def test_redis_outage_and_recovery(own_stack: tuple[RedisServer, str, str]) -> None:
+async def test_redis_outage_and_recovery(
+    own_stack: tuple[RedisServer, str, str], tmp_path: Path
+) -> None:
     redis_server, base, database_url = own_stack
     url = f"{base}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=10) as http:
@@ -52,6 +54,9 @@ async def test_redis_outage_and_recovery(own_stack: tuple[RedisServer, str, str]
         assert status == 200, "not served again after Redis came back"
         assert (await http.get(f"{base}/readyz")).status_code == 200
 
+    # The client is told the kind of failure; the operator's log has what Redis said.
+    log = (tmp_path / "gateway.log").read_text(errors="replace")
+    assert "/v1/chat/completions: service_unavailable (" in log
     # The refused request was booked even though Redis was down (straight to SQL).
     entry = await wait_entry(database_url, refused_id)
     assert entry.outcome == "service_unavailable" and entry.status_code == 503
