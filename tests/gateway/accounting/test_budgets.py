@@ -360,9 +360,9 @@ async def test_a_release_after_the_settlement_changes_nothing(
     await reserve(budgets, "a", 5_000)
     await budgets.settle(make_entry("a", created_at=AT, cost_micro_usd=1_234))
     assert await spent_and_reserved(budgets) == (1_234, 0)
-    assert await budgets.sweep() == []  # settled first: nothing left to release
+    assert await redis.zcard(f"{key_prefix}:{{budget:acme}}:open") == 0  # settled: not open
+    assert await budgets.sweep() == []  # nothing left to release
     assert await spent_and_reserved(budgets) == (1_234, 0)
-    assert await redis.zcard(f"{key_prefix}:{{budget:acme}}:open") == 0  # nothing left behind
 
 
 async def test_sweepers_and_settlements_at_once_release_each_reservation_once(
