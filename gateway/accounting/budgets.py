@@ -16,7 +16,8 @@ is unknown is settled at its reservation.
 Keys share the hash tag ``{budget:<tenant>}``: ``{prefix}:{budget:<t>}:b:<name>:<window start>``,
 ``…:res:<request id>`` (the reservation: window key → amount), ``…:open`` (a sorted set of the
 request ids holding a reservation, scored by when it is to be released, ms on Redis's clock) and
-``…:done:<request id>`` (settled marker).
+``…:done:<request id>`` (settled marker). A reservation and the open set live as long as the
+reservation's windows, so a reservation cannot expire before it is settled or released.
 
 A reservation that is never settled (its process died between reserving and queueing, or a path
 that books nothing, such as an idempotent repeat) is *released*: the reserve script records its
