@@ -401,19 +401,37 @@ class BudgetBook:
 
     async def settle(self, entry: LedgerEntry) -> None:
         """Turn the request's reservation into its real cost (once per request id)."""
-        budgets = self._applicable(entry.tenant, entry.app, entry.tags)
+        actual = -1 if entry.cost_micro_usd is None else entry.cost_micro_usd
+        await self._settle_request(
+            entry.tenant, entry.request_id, entry.app, entry.tags, entry.created_at, actual
+        )
+
+    async def settle_unbooked(self, job: Job) -> None:
+        """Settle ``job``'s reservation at no cost: a repeat answered with its first request's
+        reply (idempotency), which runs nothing and has no ledger row of its own."""
+        at = datetime.fromtimestamp(job.received_at, UTC)
+        await self._settle_request(job.tenant, job.request_id, job.app, job.tags, at, 0)
+
+    async def _settle_request(
+        self,
+        tenant: str,
+        request_id: str,
+        app: str | None,
+        tags: Sequence[str],
+        at: datetime,
+        actual: int,
+    ) -> None:
+        budgets = self._applicable(tenant, app, tags)
         if not budgets:
             return
-        tag = self._tag(entry.tenant)
-        keys = [f"{tag}:res:{entry.request_id}", f"{tag}:done:{entry.request_id}"]
-        keys.append(self._open(entry.tenant))
-        keys += [self._key(entry.tenant, b, entry.created_at) for b in budgets]
-        actual = -1 if entry.cost_micro_usd is None else entry.cost_micro_usd
-        ttl = max(self._ttl(b, entry.created_at) for b in budgets)
-        args: list[int | str] = [actual, RESERVATION_TTL_S * 4, ttl, entry.request_id]
+        tag = self._tag(tenant)
+        keys = [f"{tag}:res:{request_id}", f"{tag}:done:{request_id}", self._open(tenant)]
+        keys += [self._key(tenant, b, at) for b in budgets]
+        ttl = max(self._ttl(b, at) for b in budgets)
+        args: list[int | str] = [actual, RESERVATION_TTL_S * 4, ttl, request_id]
         result = await self._settle(keys=keys, args=args)
         spent = {_text(result[i]): int(result[i + 1]) for i in range(0, len(result), 2)}
-        self._observe(entry.tenant, budgets, entry.created_at, spent)
+        self._observe(tenant, budgets, at, spent)
 
     async def release_unsettled(self, tenant: str) -> Released:
         """Take the reservations of ``tenant`` that are due (made ``release_after_s`` ago and

@@ -297,6 +297,65 @@ async def test_fifty_chat_requests_racing_the_last_dollar_through_the_gateway(
         await runner.cleanup()
 
 
+async def test_a_repeat_answered_from_its_first_request_holds_no_reservation(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """An idempotent repeat reserves its worst case like any request, but runs nothing and has
+    no ledger row: its reservation is settled at no cost when its answer is replayed, not left
+    for the sweep."""
+    from aiohttp import web
+
+    from backends.sim import PROFILES, create_sim_app
+    from gateway.app import create_app
+    from gateway.services import open_services
+    from tests.support import free_port, gateway_config
+
+    small = "llama-3.1-8b-instruct"
+    runner = web.AppRunner(create_sim_app(PROFILES[small], time_scale=0.0))
+    await runner.setup()
+    sim_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", sim_port).start()
+    path = gateway_config(
+        workdir=tmp_path,
+        redis_url=redis_url,
+        prefix=key_prefix,
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
+        sim_ports={small: sim_port},
+        port=free_port(),
+        admin_port=free_port(),
+    )
+    data = yaml.safe_load(path.read_text())
+    data["tenants"]["acme"]["budgets"] = [{"name": "monthly", "limit_usd": "10"}]
+    path.write_text(yaml.safe_dump(data))
+    body = {"model": small, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+    headers = {**auth("acme"), "idempotency-key": "order-7"}
+    try:
+        async with open_services(load_settings(path), dev=True, workers=True) as services:
+            assert services.budgets is not None
+            app = create_app(services=services)
+            app.state.services = services
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://tiergate", timeout=60
+            ) as client:
+                first = await client.post("/v1/chat/completions", json=body, headers=headers)
+                assert first.status_code == 200, first.text
+                for _ in range(200):  # the first request's booking settles its reservation
+                    (status,) = await services.budgets.status("acme")
+                    if status.reserved_micro_usd == 0 and status.spent_micro_usd > 0:
+                        break
+                    await asyncio.sleep(0.02)
+                spent = status.spent_micro_usd
+                assert status.reserved_micro_usd == 0 and spent > 0
+                repeat = await client.post("/v1/chat/completions", json=body, headers=headers)
+                assert repeat.status_code == 200, repeat.text
+                assert repeat.json()["id"] == first.json()["id"]  # the first one's answer
+                (status,) = await services.budgets.status("acme")
+                assert (status.spent_micro_usd, status.reserved_micro_usd) == (spent, 0)
+    finally:
+        await runner.cleanup()
+
+
 async def reserve(budgets: BudgetBook, request_id: str, micro_usd: int, at: Any = AT) -> None:
     await budgets.reserve(
         tenant="acme", request_id=request_id, app=None, tags=(), amount_micro_usd=micro_usd, at=at
