@@ -190,6 +190,12 @@ class Metrics:
             ["tenant", "budget"],
             registry=r,
         )
+        self.budget_released = Counter(
+            "tiergate_budget_reservations_released",
+            "Budget reservations never settled, released after their bound (docs/costs.md)",
+            ["tenant"],
+            registry=r,
+        )
 
     # -- helpers for callers outside the edge ------------------------------------------------
 

@@ -17,11 +17,12 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from backends.protocol import Backend
-from gateway.accounting.budgets import BudgetBook
+from gateway.accounting.budgets import BudgetBook, release_bound_s
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.rollups import RollupJob
 from gateway.accounting.sink import LedgerSink
+from gateway.accounting.sweep import ReservationSweep
 from gateway.accounting.throughput import ThroughputMeter
 from gateway.accounting.writer import LedgerWriter
 from gateway.auth.changes import AuthChanges
@@ -249,6 +250,7 @@ async def open_services(
             prices=prices,
             metrics=metrics,
             ledger=ledger,  # windows rebuilt from SQL after a Redis loss
+            release_after_s=release_bound_s(settings.queue.max_timeout_ms),
         )
         writer = LedgerWriter(
             redis,
@@ -270,6 +272,10 @@ async def open_services(
         )
         await auth.start()
         stack.push_async_callback(auth.aclose)
+        # In every process, whatever it runs: one of them releases unsettled reservations.
+        sweep = ReservationSweep(redis, budgets, owner=edge_id)
+        sweep.start()  # after the run-time tenants are in: it sweeps theirs too
+        stack.push_async_callback(sweep.aclose)
         keys = keys.with_runtime(auth)
 
         replies = ReplyRouter(blocking, redis_keys.replies(edge_id))

@@ -14,7 +14,23 @@ once per request id) moves the reservation to ``spent`` at the real cost; a requ
 is unknown is settled at its reservation.
 
 Keys share the hash tag ``{budget:<tenant>}``: ``{prefix}:{budget:<t>}:b:<name>:<window start>``,
-``…:res:<request id>`` (the reservation) and ``…:done:<request id>`` (settled marker).
+``…:res:<request id>`` (the reservation: window key → amount), ``…:open`` (a sorted set of the
+request ids holding a reservation, scored by when it is to be released, ms on Redis's clock) and
+``…:done:<request id>`` (settled marker). A reservation and the open set live as long as the
+reservation's windows, so a reservation cannot expire before it is settled or released.
+
+A reservation that is never settled (its process died between reserving and queueing, or a path
+that books nothing, such as an idempotent repeat) is *released*: the reserve script records its
+due time, ``release_after_s`` after it was made (``release_bound_s``: the longest a request may
+live, ``queue.max_timeout_ms``, plus ``RELEASE_MARGIN_S`` for what may still come after its
+deadline), and ``release_unsettled`` (one script per tenant, run by ``gateway.accounting.sweep``
+in every process) takes the amounts of the due ones back out of ``reserved``. The reservation
+stays, marked released, for as long as the settled marker: a settlement that comes later still
+books its real cost into ``spent`` (or the reservation, when the price is unknown) and takes
+nothing out of ``reserved`` again. Both scripts delete what they handled from the open set, so
+whichever runs first wins and the other changes nothing; several sweepers at once release once.
+The release and settle scripts reach the reservation's windows (and the release script the
+reservations) through names they read, not declared keys; all are in the tenant's slot.
 
 Redis holds the fast copy; SQL is the truth. A window's hash is *seeded* from the ledger the
 first time a reservation touches it (a new window, or after Redis lost its data): the reserve
@@ -43,9 +59,16 @@ from gateway.accounting.records import LedgerEntry, to_micro
 from gateway.errors import BudgetExceeded, ServiceUnavailable
 from gateway.metrics import Metrics
 from gateway.queue.jobs import Job
-from gateway.settings import BudgetSettings
+from gateway.settings import BudgetSettings, QueueSettings
 
-__all__ = ["BudgetBook", "BudgetStatus", "window_bounds", "worst_case_micro"]
+__all__ = [
+    "BudgetBook",
+    "BudgetStatus",
+    "Released",
+    "release_bound_s",
+    "window_bounds",
+    "worst_case_micro",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,30 +90,49 @@ class SpentSource(Protocol):
 PROMPT_ESTIMATE_MARGIN = 1.25
 """Prompt tokens are estimated before the call; reserve a quarter more."""
 RESERVATION_TTL_S = 6 * 3600
+"""A settled marker lives four times this (a replayed settlement changes nothing meanwhile); so
+does a released reservation (a settlement that comes after its release books it once)."""
+RELEASE_MARGIN_S = 300
+"""How long after its deadline a request may still settle: a worker's graceful drain (10 s), a
+dead worker's job reclaimed (idle 15 s, its heartbeat gone after 6 s, looked for every 7.5 s)
+and booked at once as past its deadline, the edge's wait for a started job (5 s), the ledger
+write and the settlement (a few Redis round trips, 1 s timeouts). About a minute; five here."""
+RELEASE_BATCH = 500
+"""Most reservations one release script handles (it runs again while it finds this many)."""
 
+# KEYS: the reservation, the tenant's open set, the budget windows. ARGV: amount, request id,
+# release after (ms), '1' to require seeded windows, then limit, hard, ttl of each window.
 _RESERVE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {1, ''} end
-if ARGV[#ARGV] == '1' then
-  for i = 2, #KEYS do
+if ARGV[4] == '1' then
+  for i = 3, #KEYS do
     if redis.call('HEXISTS', KEYS[i], 'seeded') == 0 then return {2, KEYS[i]} end
   end
 end
 local amount = tonumber(ARGV[1])
-for i = 2, #KEYS do
-  local limit = tonumber(ARGV[2 + (i - 2) * 3 + 1])
-  local hard = ARGV[2 + (i - 2) * 3 + 2] == '1'
-  if hard then
+for i = 3, #KEYS do
+  local a = 5 + (i - 3) * 3
+  if ARGV[a + 1] == '1' then
     local spent = tonumber(redis.call('HGET', KEYS[i], 'spent') or '0')
     local reserved = tonumber(redis.call('HGET', KEYS[i], 'reserved') or '0')
-    if spent + reserved + amount > limit then return {0, KEYS[i]} end
+    if spent + reserved + amount > tonumber(ARGV[a]) then return {0, KEYS[i]} end
   end
 end
-for i = 2, #KEYS do
+local ttl = 0
+for i = 3, #KEYS do
+  local a = 5 + (i - 3) * 3
   redis.call('HINCRBY', KEYS[i], 'reserved', amount)
-  redis.call('EXPIRE', KEYS[i], tonumber(ARGV[2 + (i - 2) * 3 + 3]))
+  redis.call('EXPIRE', KEYS[i], tonumber(ARGV[a + 2]))
   redis.call('HSET', KEYS[1], KEYS[i], amount)
+  ttl = math.max(ttl, tonumber(ARGV[a + 2]))
 end
-if #KEYS > 1 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2])) end
+if ttl > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
+  redis.call('EXPIRE', KEYS[2], ttl)
+end
 return {1, ''}
 """
 
@@ -103,23 +145,30 @@ end
 return 1
 """
 
+# KEYS: the reservation, the settled marker, the tenant's open set, the budget windows (booked
+# when there is no reservation). ARGV: the real cost (-1: unknown), the marker's ttl, the
+# windows' ttl, the request id.
 _SETTLE = """
 if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[2])) then return {} end
+redis.call('ZREM', KEYS[3], ARGV[4])
 local actual = tonumber(ARGV[1])
 local out = {}
 local held = redis.call('HGETALL', KEYS[1])
 if #held > 0 then
+  local released = redis.call('HEXISTS', KEYS[1], 'released') == 1
   for i = 1, #held, 2 do
-    local amount = tonumber(held[i + 1])
-    local cost = actual
-    if cost < 0 then cost = amount end
-    redis.call('HINCRBY', held[i], 'reserved', -amount)
-    local spent = redis.call('HINCRBY', held[i], 'spent', cost)
-    table.insert(out, held[i]); table.insert(out, spent)
+    if held[i] ~= 'released' then
+      local amount = tonumber(held[i + 1])
+      local cost = actual
+      if cost < 0 then cost = amount end
+      if not released then redis.call('HINCRBY', held[i], 'reserved', -amount) end
+      local spent = redis.call('HINCRBY', held[i], 'spent', cost)
+      table.insert(out, held[i]); table.insert(out, spent)
+    end
   end
   redis.call('DEL', KEYS[1])
 elseif actual > 0 then
-  for i = 3, #KEYS do
+  for i = 4, #KEYS do
     local spent = redis.call('HINCRBY', KEYS[i], 'spent', actual)
     redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3]))
     table.insert(out, KEYS[i]); table.insert(out, spent)
@@ -127,6 +176,43 @@ elseif actual > 0 then
 end
 return out
 """
+
+# KEYS: the tenant's open set. ARGV: the reservations' key prefix (``…:res:``), the most to
+# release, how long a released reservation is kept. Returns {released, their amount, due seen}.
+_RELEASE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local count, total = 0, 0
+for _, id in ipairs(due) do
+  local key = ARGV[1] .. id
+  local held = redis.call('HGETALL', key)
+  if #held > 0 and redis.call('HEXISTS', key, 'released') == 0 then
+    local amount = 0
+    for i = 1, #held, 2 do
+      amount = tonumber(held[i + 1])
+      if redis.call('EXISTS', held[i]) == 1 then
+        redis.call('HINCRBY', held[i], 'reserved', -amount)
+      end
+    end
+    redis.call('HSET', key, 'released', '1')
+    redis.call('EXPIRE', key, tonumber(ARGV[3]))
+    count = count + 1
+    total = total + amount
+  end
+  redis.call('ZREM', KEYS[1], id)
+end
+return {count, total, #due}
+"""
+
+
+def release_bound_s(max_timeout_ms: int) -> float:
+    """How long after it was made an unsettled reservation is released: no request lives past
+    ``queue.max_timeout_ms``, and ``RELEASE_MARGIN_S`` covers what may follow its deadline."""
+    return max_timeout_ms / 1000 + RELEASE_MARGIN_S
+
+
+DEFAULT_RELEASE_AFTER_S = release_bound_s(QueueSettings().max_timeout_ms)
 
 
 def window_bounds(window: str, at: datetime) -> tuple[datetime, datetime]:
@@ -176,6 +262,16 @@ class BudgetStatus:
         return self.spent_micro_usd / self.limit_micro_usd
 
 
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What one ``release_unsettled`` took back for a tenant."""
+
+    tenant: str
+    reservations: int
+    micro_usd: int
+    """The sum of the released reservations (each one counted once, whatever its windows)."""
+
+
 class BudgetBook:
     def __init__(
         self,
@@ -186,10 +282,12 @@ class BudgetBook:
         prices: PriceBook,
         metrics: Metrics | None = None,
         ledger: SpentSource | None = None,
+        release_after_s: float = DEFAULT_RELEASE_AFTER_S,
     ) -> None:
         """``budgets``: each tenant's, read at every use (a live view such as
         ``TenantDirectory.budgets``); ``ledger``: seeds each budget window from SQL (none:
-        windows start at zero)."""
+        windows start at zero); ``release_after_s``: when a reservation no settlement came for
+        is released (``release_bound_s`` of the queue's longest timeout)."""
         self._redis = redis
         self._ledger = ledger
         self._prices = prices
@@ -199,12 +297,22 @@ class BudgetBook:
         self._reserve = redis.register_script(_RESERVE)
         self._seed_script = redis.register_script(_SEED)
         self._settle = redis.register_script(_SETTLE)
+        self._release = redis.register_script(_RELEASE)
+        self._release_after_ms = max(math.ceil(release_after_s * 1000), 0)
 
     def budgets(self, tenant: str) -> tuple[BudgetSettings, ...]:
         return tuple(self._budgets.get(tenant, ()))
 
     def _tag(self, tenant: str) -> str:
         return f"{self._prefix}:{{budget:{tenant}}}"
+
+    def _open(self, tenant: str) -> str:
+        return f"{self._tag(tenant)}:open"
+
+    @property
+    def sweep_key(self) -> str:
+        """Whose turn it is to sweep (``gateway.accounting.sweep``); no tenant's slot."""
+        return f"{self._prefix}:budgets:sweep"
 
     def _key(self, tenant: str, budget: BudgetSettings, at: datetime) -> str:
         start, _end = window_bounds(budget.window, at)
@@ -240,12 +348,12 @@ class BudgetBook:
         if not budgets:
             return
         at = at or datetime.now(UTC)
-        keys = [f"{self._tag(tenant)}:res:{request_id}"]
-        args: list[int | str] = [amount_micro_usd, RESERVATION_TTL_S]
+        keys = [f"{self._tag(tenant)}:res:{request_id}", self._open(tenant)]
+        seeded = "1" if self._ledger is not None else "0"
+        args: list[int | str] = [amount_micro_usd, request_id, self._release_after_ms, seeded]
         for b in budgets:
             keys.append(self._key(tenant, b, at))
             args += [to_micro(b.limit_usd), "1" if b.mode == "hard" else "0", self._ttl(b, at)]
-        args.append("1" if self._ledger is not None else "0")
         try:
             for _ in range(len(budgets) + 1):
                 ok, key = await self._reserve(keys=keys, args=args)
@@ -293,17 +401,70 @@ class BudgetBook:
 
     async def settle(self, entry: LedgerEntry) -> None:
         """Turn the request's reservation into its real cost (once per request id)."""
-        budgets = self._applicable(entry.tenant, entry.app, entry.tags)
+        actual = -1 if entry.cost_micro_usd is None else entry.cost_micro_usd
+        await self._settle_request(
+            entry.tenant, entry.request_id, entry.app, entry.tags, entry.created_at, actual
+        )
+
+    async def settle_unbooked(self, job: Job) -> None:
+        """Settle ``job``'s reservation at no cost: a repeat answered with its first request's
+        reply (idempotency), which runs nothing and has no ledger row of its own."""
+        at = datetime.fromtimestamp(job.received_at, UTC)
+        await self._settle_request(job.tenant, job.request_id, job.app, job.tags, at, 0)
+
+    async def _settle_request(
+        self,
+        tenant: str,
+        request_id: str,
+        app: str | None,
+        tags: Sequence[str],
+        at: datetime,
+        actual: int,
+    ) -> None:
+        budgets = self._applicable(tenant, app, tags)
         if not budgets:
             return
-        tag = self._tag(entry.tenant)
-        keys = [f"{tag}:res:{entry.request_id}", f"{tag}:done:{entry.request_id}"]
-        keys += [self._key(entry.tenant, b, entry.created_at) for b in budgets]
-        actual = -1 if entry.cost_micro_usd is None else entry.cost_micro_usd
-        ttl = max(self._ttl(b, entry.created_at) for b in budgets)
-        result = await self._settle(keys=keys, args=[actual, RESERVATION_TTL_S * 4, ttl])
+        tag = self._tag(tenant)
+        keys = [f"{tag}:res:{request_id}", f"{tag}:done:{request_id}", self._open(tenant)]
+        keys += [self._key(tenant, b, at) for b in budgets]
+        ttl = max(self._ttl(b, at) for b in budgets)
+        args: list[int | str] = [actual, RESERVATION_TTL_S * 4, ttl, request_id]
+        result = await self._settle(keys=keys, args=args)
         spent = {_text(result[i]): int(result[i + 1]) for i in range(0, len(result), 2)}
-        self._observe(entry.tenant, budgets, entry.created_at, spent)
+        self._observe(tenant, budgets, at, spent)
+
+    async def release_unsettled(self, tenant: str) -> Released:
+        """Take the reservations of ``tenant`` that are due (made ``release_after_s`` ago and
+        never settled) back out of their windows' ``reserved``: atomically, once each, safe
+        with other sweepers and settlements at the same time. Redis errors propagate."""
+        args: list[int | str] = [f"{self._tag(tenant)}:res:", RELEASE_BATCH, RESERVATION_TTL_S * 4]
+        count = total = 0
+        while True:
+            released, amount, due = await self._release(keys=[self._open(tenant)], args=args)
+            count, total = count + int(released), total + int(amount)
+            if int(due) < RELEASE_BATCH:
+                break
+        if count:
+            if self._metrics is not None:
+                self._metrics.budget_released.labels(tenant).inc(count)
+            log.warning(
+                "released %d budget reservation(s) of tenant %s never settled: "
+                "$%s back out of reserved",
+                count,
+                tenant,
+                Decimal(total).scaleb(-6),
+            )
+        return Released(tenant, count, total)
+
+    async def sweep(self) -> list[Released]:
+        """``release_unsettled`` for every tenant (those with budgets or without: a budget
+        removed while its reservations were open leaves them to release too)."""
+        out = []
+        for tenant in list(self._budgets):
+            released = await self.release_unsettled(tenant)
+            if released.reservations:
+                out.append(released)
+        return out
 
     def _observe(
         self,

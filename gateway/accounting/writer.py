@@ -100,7 +100,8 @@ class LedgerWriter:
         try:
             await self._budgets.settle(entry)
         except (RedisError, OSError) as exc:
-            # The reservation expires on its own; the ledger row is what finance reads.
+            # The reservation is released by the sweep (gateway.accounting.sweep) after its
+            # bound; the ledger row is what finance reads.
             log.warning("budget of %s not settled (%s)", entry.request_id, type(exc).__name__)
 
     async def _meter_gpu_tokens(self, entry: LedgerEntry) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Annotated, NoReturn
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from redis.exceptions import RedisError
 
 from gateway.api.admission import admit, read_body
 from gateway.api.booking import book_refusal
@@ -31,6 +33,7 @@ from router.plan import RoutePlan
 __all__ = ["router"]
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 
 def new_request_id() -> str:
@@ -110,6 +113,8 @@ async def chat_completions(
         first = await first_unless_gone(request, replies)
         if first is None:
             await _abandoned(services, job)
+        if services.budgets is not None and first.meta.get("replayed"):
+            await _settle_repeat(services, job)
         clock.lap("wait")
         ctx = RelayContext(
             services,
@@ -140,6 +145,17 @@ async def chat_completions(
             services, request_id, principal, received_at, error, requested_model, plan, stream
         )
         raise
+
+
+async def _settle_repeat(services: Services, job: Job) -> None:
+    """A repeat answered with its first request's reply runs nothing and is booked nowhere:
+    its budget reservation is settled at no cost now (if Redis fails here, the sweep releases
+    it later, ``gateway.accounting.sweep``)."""
+    assert services.budgets is not None
+    try:
+        await services.budgets.settle_unbooked(job)
+    except (RedisError, OSError) as exc:
+        log.warning("cannot settle the repeat %s: %s", job.request_id, type(exc).__name__)
 
 
 async def _abandoned(services: Services, job: Job) -> NoReturn:

@@ -1,8 +1,10 @@
-"""Budgets on a real Redis: windows, worst case, the race for the last dollar, settlement."""
+"""Budgets on a real Redis: windows, worst case, the race for the last dollar, settlement, and
+the release of reservations never settled."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,7 +17,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from gateway.accounting import PriceBook
-from gateway.accounting.budgets import BudgetBook, window_bounds, worst_case_micro
+from gateway.accounting.budgets import BudgetBook, Released, window_bounds, worst_case_micro
 from gateway.errors import BudgetExceeded
 from gateway.metrics import Metrics
 from gateway.settings import BudgetSettings, load_settings
@@ -293,3 +295,200 @@ async def test_fifty_chat_requests_racing_the_last_dollar_through_the_gateway(
             assert status.spent_micro_usd + status.reserved_micro_usd <= status.limit_micro_usd
     finally:
         await runner.cleanup()
+
+
+async def test_a_repeat_answered_from_its_first_request_holds_no_reservation(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """An idempotent repeat reserves its worst case like any request, but runs nothing and has
+    no ledger row: its reservation is settled at no cost when its answer is replayed, not left
+    for the sweep."""
+    from aiohttp import web
+
+    from backends.sim import PROFILES, create_sim_app
+    from gateway.app import create_app
+    from gateway.services import open_services
+    from tests.support import free_port, gateway_config
+
+    small = "llama-3.1-8b-instruct"
+    runner = web.AppRunner(create_sim_app(PROFILES[small], time_scale=0.0))
+    await runner.setup()
+    sim_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", sim_port).start()
+    path = gateway_config(
+        workdir=tmp_path,
+        redis_url=redis_url,
+        prefix=key_prefix,
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
+        sim_ports={small: sim_port},
+        port=free_port(),
+        admin_port=free_port(),
+    )
+    data = yaml.safe_load(path.read_text())
+    data["tenants"]["acme"]["budgets"] = [{"name": "monthly", "limit_usd": "10"}]
+    path.write_text(yaml.safe_dump(data))
+    body = {"model": small, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+    headers = {**auth("acme"), "idempotency-key": "order-7"}
+    try:
+        async with open_services(load_settings(path), dev=True, workers=True) as services:
+            assert services.budgets is not None
+            app = create_app(services=services)
+            app.state.services = services
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://tiergate", timeout=60
+            ) as client:
+                first = await client.post("/v1/chat/completions", json=body, headers=headers)
+                assert first.status_code == 200, first.text
+                for _ in range(200):  # the first request's booking settles its reservation
+                    (status,) = await services.budgets.status("acme")
+                    if status.reserved_micro_usd == 0 and status.spent_micro_usd > 0:
+                        break
+                    await asyncio.sleep(0.02)
+                spent = status.spent_micro_usd
+                assert status.reserved_micro_usd == 0 and spent > 0
+                repeat = await client.post("/v1/chat/completions", json=body, headers=headers)
+                assert repeat.status_code == 200, repeat.text
+                assert repeat.json()["id"] == first.json()["id"]  # the first one's answer
+                (status,) = await services.budgets.status("acme")
+                assert (status.spent_micro_usd, status.reserved_micro_usd) == (spent, 0)
+    finally:
+        await runner.cleanup()
+
+
+async def reserve(budgets: BudgetBook, request_id: str, micro_usd: int, at: Any = AT) -> None:
+    await budgets.reserve(
+        tenant="acme", request_id=request_id, app=None, tags=(), amount_micro_usd=micro_usd, at=at
+    )
+
+
+async def spent_and_reserved(budgets: BudgetBook, at: datetime | None = AT) -> tuple[int, int]:
+    (status,) = await budgets.status("acme", at)
+    return status.spent_micro_usd, status.reserved_micro_usd
+
+
+async def test_a_reservation_never_settled_is_released_after_its_bound_and_admits_again(
+    redis: aioredis.Redis, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = Metrics()
+    hard = {"name": "monthly", "limit_usd": "0.01"}  # 10_000 uUSD
+    live = book(redis, key_prefix, hard)  # the default bound: not due during this test
+    lost = book(redis, key_prefix, hard, metrics=metrics, release_after_s=0.3)
+    await reserve(live, "live", 1_000)
+    await reserve(lost, "lost", 8_000)  # its process dies: it is never settled
+    with pytest.raises(BudgetExceeded, match="'monthly'"):
+        await reserve(live, "next", 5_000)
+    assert await lost.sweep() == []  # not due yet
+    assert await spent_and_reserved(live) == (0, 9_000)
+
+    await asyncio.sleep(0.35)  # past the bound
+    with caplog.at_level(logging.WARNING, logger="gateway.accounting.budgets"):
+        assert await lost.sweep() == [Released("acme", 1, 8_000)]
+    assert await spent_and_reserved(live) == (0, 1_000)  # what it was before "lost"
+    await reserve(live, "next", 5_000)  # what was refused is admitted
+    assert await spent_and_reserved(live) == (0, 6_000)
+    (line,) = [r.getMessage() for r in caplog.records if "released" in r.getMessage()]
+    assert "tenant acme" in line and "$0.008" in line, line
+    text = generate_latest(metrics.registry).decode()
+    assert 'tiergate_budget_reservations_released_total{tenant="acme"} 1.0' in text
+    assert await lost.sweep() == []  # released once
+
+
+async def test_a_settlement_after_the_release_books_the_real_cost_once(
+    redis: aioredis.Redis, key_prefix: str
+) -> None:
+    budgets = book(redis, key_prefix, {"name": "m", "limit_usd": "10"}, release_after_s=0)
+    await reserve(budgets, "a", 5_000)
+    await reserve(budgets, "b", 5_000)
+    assert await budgets.sweep() == [Released("acme", 2, 10_000)]
+    assert await spent_and_reserved(budgets) == (0, 0)
+
+    entry = make_entry("a", created_at=AT, cost_micro_usd=1_234)
+    await budgets.settle(entry)  # late (a job reclaimed long after): booked, nothing released
+    await budgets.settle(entry)  # a replayed write changes nothing
+    await budgets.settle(make_entry("b", created_at=AT, cost_micro_usd=None, price_known=False))
+    assert await spent_and_reserved(budgets) == (1_234 + 5_000, 0)  # unknown: its reservation
+    assert await budgets.sweep() == []
+    assert await spent_and_reserved(budgets) == (1_234 + 5_000, 0)
+
+
+async def test_a_release_after_the_settlement_changes_nothing(
+    redis: aioredis.Redis, key_prefix: str
+) -> None:
+    budgets = book(redis, key_prefix, {"name": "m", "limit_usd": "10"}, release_after_s=0)
+    await reserve(budgets, "a", 5_000)
+    await budgets.settle(make_entry("a", created_at=AT, cost_micro_usd=1_234))
+    assert await spent_and_reserved(budgets) == (1_234, 0)
+    assert await redis.zcard(f"{key_prefix}:{{budget:acme}}:open") == 0  # settled: not open
+    assert await budgets.sweep() == []  # nothing left to release
+    assert await spent_and_reserved(budgets) == (1_234, 0)
+
+
+async def test_sweepers_and_settlements_at_once_release_each_reservation_once(
+    redis: aioredis.Redis, redis_url: str, key_prefix: str
+) -> None:
+    """Four sweepers, each with its own connection (as from four processes), start while four
+    writers are settling half of the reservations: some settlements come before their release,
+    the others after. Over more reservations than one release script takes."""
+    n = 1_200
+    budgets = {"name": "m", "limit_usd": "100"}
+    mine = book(redis, key_prefix, budgets, release_after_s=0)
+    for first in range(0, n, 100):
+        await asyncio.gather(*(reserve(mine, f"r{i}", 1_000) for i in range(first, first + 100)))
+    assert await spent_and_reserved(mine) == (0, n * 1_000)
+    clients = [aioredis.Redis.from_url(redis_url) for _ in range(4)]
+    try:
+        books = [book(c, key_prefix, budgets, release_after_s=0) for c in clients]
+        under_way = asyncio.Event()
+
+        async def settle_evens(writer: BudgetBook, k: int) -> None:
+            for done, i in enumerate(range(k * 2, n, 8)):  # writer k: r2k, r2k+8, ...
+                await writer.settle(make_entry(f"r{i}", created_at=AT, cost_micro_usd=300))
+                if done == 20:
+                    under_way.set()
+
+        async def sweep(sweeper: BudgetBook) -> list[Released]:
+            await under_way.wait()
+            return await sweeper.sweep()
+
+        sweeps, _ = await asyncio.gather(
+            asyncio.gather(*(sweep(b) for b in books)),
+            asyncio.gather(*(settle_evens(b, k) for k, b in enumerate(books))),
+        )
+    finally:
+        await asyncio.gather(*(c.aclose() for c in clients))
+    count = sum(r.reservations for sweep in sweeps for r in sweep)
+    assert n // 2 < count < n  # the odd ones, and the evens whose release came first
+    assert await spent_and_reserved(mine) == ((n // 2) * 300, 0)  # nothing twice, either way
+    assert await mine.sweep() == []
+
+
+async def test_an_edge_only_process_sweeps_and_the_budgets_report_shows_it(
+    redis: aioredis.Redis, redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """The sweep runs in every process that opens the services, here an edge without workers
+    (``serve --no-workers``), and at once when it starts."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    hard = {"name": "monthly", "limit_usd": "0.01"}
+    data["tenants"]["acme"]["budgets"] = [hard]
+    settings = app_settings(redis_url, key_prefix, tmp_path, tenants=data["tenants"])
+    lost = book(redis, key_prefix, hard, release_after_s=0)
+
+    async def reserved_usd(client: httpx.AsyncClient) -> str:
+        r = await client.get("/v1/reports/budgets", headers=auth("acme"))
+        assert r.status_code == 200, r.text
+        (row,) = [b for b in r.json()["budgets"] if b["budget"] == "monthly"]
+        return str(row["reserved_usd"])
+
+    async with running_app(settings) as (services, client):
+        await reserve(lost, "lost", 8_000, at=None)  # after this process's first sweep
+        assert await reserved_usd(client) == "0.008000"
+    await redis.delete(lost.sweep_key)  # the interval has passed: anyone's turn again
+    async with running_app(settings) as (services, client):  # a restarted edge
+        for _ in range(100):
+            if await reserved_usd(client) == "0.000000":
+                break
+            await asyncio.sleep(0.02)
+        assert await reserved_usd(client) == "0.000000"
+        text = generate_latest(services.metrics.registry).decode()
+        assert 'tiergate_budget_reservations_released_total{tenant="acme"} 1.0' in text
