@@ -25,6 +25,12 @@ A job whose client went away is ``abandon``ed and its task cancelled: the backen
 aborted (vLLM stops generating when its connection closes), and the job ends with outcome
 ``client_disconnected`` (499), billed for the tokens that reached us before (a hosted API's call:
 estimated, as above).
+
+This module walks the chain (breakers, retry policy, deadline, continuation) and ends the run;
+its parts live beside it: the run's record (``gateway.queue.run``), each call booked in the
+ledger row, a span, the attempts metric and the breaker (``gateway.queue.attempts``), the relay
+of one streamed attempt's chunks (``gateway.queue.stream_relay``), and the run's ledger entry
+and reply figures (``gateway.queue.billing``).
 """
 
 from __future__ import annotations
@@ -32,17 +38,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from decimal import Decimal
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from backends.errors import BackendError, BackendRejected, ContextLengthExceeded
 from backends.protocol import Backend
-from backends.types import ChatChunk, ChatRequest, ChatResponse, Usage
+from backends.types import ChatRequest, ChatResponse, Usage
 from gateway.accounting.estimates import billed_without_usage, estimate, output_text
-from gateway.accounting.records import Attempt, LedgerEntry, to_micro
+from gateway.accounting.records import LedgerEntry
 from gateway.errors import (
     ClientDisconnected,
     DeadlineExceeded,
@@ -50,32 +53,22 @@ from gateway.errors import (
     InvalidRequest,
     UpstreamFailed,
 )
-from gateway.faults.breaker import BreakerState, RedisBreaker
-from gateway.faults.chains import DOWNGRADE_TAG, TierFaults, is_downgrade
-from gateway.faults.continuation import Delivered, can_continue, continuation_body, is_role_only
+from gateway.faults.breaker import RedisBreaker
+from gateway.faults.chains import TierFaults
+from gateway.faults.continuation import Delivered, can_continue, continuation_body
 from gateway.faults.drain import InflightCalls
 from gateway.faults.marks import StreamMarks
 from gateway.faults.policy import Sleep
 from gateway.observability.tracing import Tracing
-from gateway.queue.jobs import Job, Reply
+from gateway.queue.attempts import AttemptCounter, Attempts, provider_of
+from gateway.queue.billing import Billing, PriceLookup
+from gateway.queue.jobs import Emit, Job, Reply
 from gateway.queue.pool import BackendPool
+from gateway.queue.run import Run
+from gateway.queue.stream_relay import Streamed, StreamRelay
 from router.catalog import Catalog, Tier
 
 __all__ = ["AttemptCounter", "Emit", "Executor", "PriceLookup"]
-
-Emit = Callable[[Reply], Awaitable[None]]
-
-
-class PriceLookup(Protocol):
-    """What the executor needs of prices: cost of tokens on a model (``None`` = unknown)."""
-
-    def cost(self, model: str, usage: Usage) -> Decimal | None: ...
-
-
-class AttemptCounter(Protocol):
-    """Counts backend calls by deployment and outcome (``Metrics.attempts``)."""
-
-    def labels(self, deployment: str, outcome: str) -> Any: ...
 
 
 class _Tripped(Exception):
@@ -94,86 +87,9 @@ class _MidStream(Exception):
         self.error = error
 
 
-@dataclass(slots=True)
-class _Streamed:
-    """What one streamed attempt delivered so far."""
-
-    body: Mapping[str, Any]
-    """The body the attempt sent."""
-    external: bool
-    """To a hosted API (``DeploymentSpec.external``)."""
-    usage: Usage | None = None
-    """The last usage the backend reported: at the end, or (vLLM, continuous usage stats) in
-    every chunk, so a stream that broke still has its prompt and completion tokens so far."""
-    called: bool = False
-    """The request went out (the attempt did not end while waiting for a slot)."""
-    received: int = 0
-    """Chunks the backend sent (the opening role-only one included)."""
-    produced: int = 0
-    """Content tokens it delivered (one per chunk; an estimate otherwise)."""
-    sent: int = 0
-    """Chunks it sent to the client."""
-    text: list[str] = field(default_factory=list)
-    """The text of the chunks that came without usage (a hosted API's), for an estimate."""
-
-    def billed(self, outcome: str) -> tuple[Usage | None, bool]:
-        """What the attempt is booked, ending with ``outcome``, and whether it is an estimate:
-        the backend's usage; else, when its provider bills the call anyway, an estimate."""
-        if self.usage is not None:
-            return self.usage, False
-        if billed_without_usage(
-            outcome, external=self.external, sent=self.called, answered=self.received > 0
-        ):
-            return estimate(self.body, self.text, self.produced), True
-        return None, False
-
-
-@dataclass(slots=True)
-class _Run:
-    """What happened while serving one job."""
-
-    job: Job
-    picked_at: float
-    reclaimed: bool = False
-    """Taken over from a worker that died: it may have sent part of a stream already."""
-    local: bool = False
-    """The client waits in this process (a job started at once): nothing crosses Redis."""
-    attempts: list[Attempt] = field(default_factory=list)
-    usage_total: list[Usage] = field(default_factory=list)
-    backend_s: float = 0.0
-    attempt_at: float = 0.0
-    """When the current backend attempt started (``time.time()``)."""
-    ttft_at: float | None = None
-    deployment: str | None = None
-    downgraded: bool = False
-
-    def record(
-        self,
-        deployment: str,
-        outcome: str,
-        started: float,
-        usage: Usage | None,
-        error: str | None,
-        estimated: bool = False,
-    ) -> None:
-        elapsed = max(time.time() - started, 0.0)
-        self.backend_s += elapsed
-        self.attempts.append(
-            Attempt(
-                deployment=deployment,
-                outcome=outcome,
-                latency_ms=elapsed * 1000,
-                prompt_tokens=usage.prompt_tokens if usage else 0,
-                completion_tokens=usage.completion_tokens if usage else 0,
-                error=error,
-                estimated=estimated,
-            )
-        )
-        if usage is not None:
-            self.usage_total.append(usage)
-
-
 class Executor:
+    """Serves jobs, one ``run`` each; ``abandon`` stops a job whose client went away."""
+
     def __init__(
         self,
         pool: BackendPool,
@@ -191,17 +107,18 @@ class Executor:
         inflight: InflightCalls | None = None,
     ) -> None:
         self._pool = pool
-        self._prices = prices
         self._catalog = catalog
-        self._baselines = baselines  # read at each booking: TenantDirectory.baselines
-        self._breaker = breaker
         self._faults = dict(faults or {})
         self._continuation = continuation
-        self._attempts_metric = attempts_metric
         self._sleep = sleep
         self._marks = stream_marks
         self._tracing = tracing or Tracing.off()
         self._inflight = inflight or InflightCalls()
+        self._billing = Billing(prices, catalog, baselines)
+        self._attempts = Attempts(
+            catalog, breaker=breaker, metric=attempts_metric, tracing=self._tracing
+        )
+        self._relay = StreamRelay(self._billing, stream_marks)
         self._abandoned: set[str] = set()
 
     def abandon(self, request_id: str) -> None:
@@ -215,11 +132,11 @@ class Executor:
         worker that died; ``local``: ``emit`` answers a client waiting in this process. Traced
         as ``queue.wait`` and ``job``, with one ``backend.attempt`` span per call."""
         with self._tracing.job(job) as span:
-            entry = await self._guarded(_Run(job, time.time(), reclaimed, local), emit)
+            entry = await self._guarded(Run(job, time.time(), reclaimed, local), emit)
             self._tracing.job_done(span, entry)
             return entry
 
-    async def _guarded(self, run: _Run, emit: Emit) -> LedgerEntry:
+    async def _guarded(self, run: Run, emit: Emit) -> LedgerEntry:
         """``_run``, ended as ``client_disconnected`` when the job is abandoned."""
         job = run.job
         try:
@@ -231,18 +148,18 @@ class Executor:
             if task is not None:
                 task.uncancel()
             gone = ClientDisconnected("the client closed the connection")
-            return self._entry(run, gone.outcome, gone.status)
+            return self._billing.entry(run, gone.outcome, gone.status)
         finally:
             self._abandoned.discard(job.request_id)
 
-    async def _run(self, run: _Run, emit: Emit) -> LedgerEntry:
+    async def _run(self, run: Run, emit: Emit) -> LedgerEntry:
         job = run.job
         if run.picked_at >= job.deadline:
             error: GatewayError = DeadlineExceeded(
                 "the request could not start before its deadline"
             )
             await emit(Reply(job.request_id, "error", error.body(), {"status": error.status}))
-            return self._entry(run, error.outcome, error.status)
+            return self._billing.entry(run, error.outcome, error.status)
         if (
             job.stream
             and run.reclaimed
@@ -259,12 +176,12 @@ class Executor:
 
     # -- non-streamed -----------------------------------------------------------------------
 
-    async def _chat(self, run: _Run, emit: Emit) -> LedgerEntry:
+    async def _chat(self, run: Run, emit: Emit) -> LedgerEntry:
         job = run.job
         for deployment, bypass in self._passes(run):
             if time.time() >= job.deadline:
                 break
-            if not bypass and not await self._allowed(run, deployment):
+            if not bypass and not await self._attempts.allowed(run, deployment):
                 continue
             tier = self._tier_faults(deployment)
             response: ChatResponse | None = None
@@ -280,13 +197,14 @@ class Executor:
                     break
                 continue
             assert response is not None
-            self._served(run, deployment)
-            entry = self._entry(run, "ok", 200)
-            await emit(Reply(job.request_id, "result", response.body, self._meta(run, entry)))
+            self._billing.served(run, deployment)
+            entry = self._billing.entry(run, "ok", 200)
+            meta = self._billing.meta(run, entry)
+            await emit(Reply(job.request_id, "result", response.body, meta))
             return entry
         return await self._fail(run, emit)
 
-    async def _call(self, run: _Run, deployment: str, tier: TierFaults) -> ChatResponse:
+    async def _call(self, run: Run, deployment: str, tier: TierFaults) -> ChatResponse:
         started = time.time()
         server: str | None = None
         body = run.job.body
@@ -301,13 +219,13 @@ class Executor:
         except asyncio.CancelledError:
             why = "cancelled during the call"
             usage, guess = self._unanswered(deployment, body, "cancelled", sent)
-            self._record(
+            self._attempts.record(
                 run, deployment, "cancelled", started, usage, why, server=server, estimated=guess
             )
             raise
         except BackendError as exc:
             usage, guess = self._unanswered(deployment, body, exc.kind, sent)
-            if await self._failed(
+            if await self._attempts.failed(
                 run, deployment, exc, started, usage, server=server, estimated=guess
             ):
                 raise _Tripped(exc) from exc
@@ -315,8 +233,10 @@ class Executor:
         usage, guess = response.usage, False
         if usage is None:  # an answer without usage is billed all the same
             usage, guess = estimate(body, output_text(response.body)), True
-        self._record(run, deployment, "ok", started, usage, None, server=server, estimated=guess)
-        await self._succeeded(deployment)
+        self._attempts.record(
+            run, deployment, "ok", started, usage, None, server=server, estimated=guess
+        )
+        await self._attempts.succeeded(deployment)
         return response
 
     def _unanswered(
@@ -331,7 +251,7 @@ class Executor:
 
     # -- streamed ---------------------------------------------------------------------------
 
-    async def _stream(self, run: _Run, emit: Emit) -> LedgerEntry:
+    async def _stream(self, run: Run, emit: Emit) -> LedgerEntry:
         job = run.job
         delivered = Delivered()
         broke: BackendError | None = None  # the mid-stream failure we are recovering from
@@ -341,7 +261,7 @@ class Executor:
                 break
             if broke is not None and not self._may_continue(job, delivered, previous, deployment):
                 continue
-            if not bypass and not await self._allowed(run, deployment):
+            if not bypass and not await self._attempts.allowed(run, deployment):
                 continue
             tier = self._tier_faults(deployment)
             body = continuation_body(job.body, delivered) if delivered.content else job.body
@@ -362,8 +282,8 @@ class Executor:
                 if self._final(exc):
                     break
                 continue
-            entry = self._entry(run, "ok", 200)
-            await emit(Reply(job.request_id, "end", {}, self._meta(run, entry)))
+            entry = self._billing.entry(run, "ok", 200)
+            await emit(Reply(job.request_id, "end", {}, self._billing.meta(run, entry)))
             return entry
         if run.ttft_at is not None:
             return await self._broken(run, emit, broke)
@@ -371,7 +291,7 @@ class Executor:
 
     async def _stream_once(
         self,
-        run: _Run,
+        run: Run,
         emit: Emit,
         deployment: str,
         tier: TierFaults,
@@ -380,7 +300,7 @@ class Executor:
     ) -> None:
         job = run.job
         started = run.attempt_at = time.time()
-        got = _Streamed(body, external=self._external(deployment))
+        got = Streamed(body, external=self._external(deployment))
         resumed = run.ttft_at is not None
         server: str | None = None
         try:
@@ -391,19 +311,19 @@ class Executor:
                 ) as it,
             ):
                 server = backend.address if self._tracing.enabled else None
-                await self._relay(run, emit, deployment, it, delivered, got)
+                await self._relay.relay(run, emit, deployment, it, delivered, got)
         except asyncio.CancelledError:
             # What it delivered before the call was aborted.
             why = "cancelled during the stream"
             usage, guess = got.billed("cancelled")
-            self._record(
+            self._attempts.record(
                 run, deployment, "cancelled", started, usage, why,
                 server=server, resumed=resumed, estimated=guess,
             )  # fmt: skip
             raise
         except BackendError as exc:
             usage, guess = got.billed(exc.kind)
-            tripped = await self._failed(
+            tripped = await self._attempts.failed(
                 run, deployment, exc, started, usage,
                 server=server, resumed=resumed, estimated=guess,
             )  # fmt: skip
@@ -413,63 +333,11 @@ class Executor:
                 raise _Tripped(exc) from exc
             raise
         usage, guess = got.billed("ok")
-        self._record(
+        self._attempts.record(
             run, deployment, "ok", started, usage, None,
             server=server, resumed=resumed, estimated=guess,
         )  # fmt: skip
-        await self._succeeded(deployment)
-
-    async def _relay(
-        self,
-        run: _Run,
-        emit: Emit,
-        deployment: str,
-        chunks: AsyncIterator[ChatChunk],
-        delivered: Delivered,
-        got: _Streamed,
-    ) -> None:
-        """Send one attempt's chunks to the client, counting what it delivered in ``got``."""
-        job = run.job
-        resumed = run.ttft_at is not None
-        got.called = True  # by the first ``anext``
-        async for chunk in chunks:
-            got.received += 1
-            if chunk.usage is not None:
-                got.usage = chunk.usage
-            else:
-                got.text.extend(output_text(chunk.data))
-            data = chunk.data
-            if resumed:
-                if is_role_only(data):
-                    continue
-                if delivered.completion_id:
-                    data = {**data, "id": delivered.completion_id}
-            got.produced += delivered.add(data)
-            if run.ttft_at is None:
-                await self._first_chunk(run, emit, deployment, data)
-            else:
-                if got.sent == 0:
-                    self._served(run, deployment)
-                await emit(Reply(job.request_id, "chunk", data))
-            got.sent += 1
-
-    async def _first_chunk(
-        self, run: _Run, emit: Emit, deployment: str, data: dict[str, Any]
-    ) -> None:
-        """The stream's first chunk to the client: it carries the route (headers)."""
-        job = run.job
-        run.ttft_at = time.time()
-        self._served(run, deployment)
-        ttl_s = job.deadline - run.ttft_at + 60
-        if self._marks is not None and not run.local:
-            await self._marks.mark(job.request_id, ttl_s)  # before the chunk leaves the process
-        # Backend time to this first chunk: earlier failed attempts, and this one so far.
-        backend_ms = (run.backend_s + run.ttft_at - run.attempt_at) * 1000
-        meta = {**self._route_meta(run), "backend_ms": backend_ms}
-        await emit(Reply(job.request_id, "chunk", data, meta))
-        if self._marks is not None and run.local:
-            # The client is in this process: queued after the chunk, whose relay goes first.
-            await self._marks.mark(job.request_id, ttl_s, wait=False)
+        await self._attempts.succeeded(deployment)
 
     def _open(
         self,
@@ -489,7 +357,7 @@ class Executor:
             return False
         if not delivered.content:
             return True  # only the opening chunk went out: a fresh answer is still one answer
-        providers = [self._provider(previous), self._provider(deployment)]
+        providers = [provider_of(self._catalog, previous), provider_of(self._catalog, deployment)]
         # A rule's continuation action wins over the configured default.
         allowed = self._continuation if job.plan.continuation is None else job.plan.continuation
         return can_continue(
@@ -501,7 +369,7 @@ class Executor:
 
     async def _broken(
         self,
-        run: _Run,
+        run: Run,
         emit: Emit,
         error: BackendError | None,
         *,
@@ -513,8 +381,8 @@ class Executor:
             f"the stream broke after it started and {why}{reason}",
             attempts=[a.to_dict() for a in run.attempts],
         )
-        entry = self._entry(run, "stream_error", 200)
-        meta = {**self._meta(run, entry), "status": failure.status}
+        entry = self._billing.entry(run, "stream_error", 200)
+        meta = {**self._billing.meta(run, entry), "status": failure.status}
         await emit(Reply(run.job.request_id, "error", failure.body(), meta))
         return entry
 
@@ -523,7 +391,7 @@ class Executor:
     def _candidates(self, job: Job) -> list[str]:
         return [d for d in job.plan.deployments if d in self._pool]
 
-    def _passes(self, run: _Run) -> Iterator[tuple[str, bool]]:
+    def _passes(self, run: Run) -> Iterator[tuple[str, bool]]:
         """The plan's deployments, breakers respected; then, when no answer came, the ones
         their breaker skipped, in order, breakers bypassed: a breaker orders the chain, and is
         never the only reason a request fails."""
@@ -535,10 +403,6 @@ class Executor:
             if deployment in skipped:
                 yield deployment, True
 
-    def _provider(self, deployment: str | None) -> str:
-        spec = self._catalog.get(deployment) if deployment else None
-        return spec.provider if spec else "unknown"
-
     def _external(self, deployment: str) -> bool:
         """Served by a hosted API, which bills us (``DeploymentSpec.external``)."""
         spec = self._catalog.get(deployment)
@@ -547,90 +411,6 @@ class Executor:
     def _tier_faults(self, deployment: str) -> TierFaults:
         spec = self._catalog.get(deployment)
         return self._faults.get(spec.tier, TierFaults()) if spec else TierFaults()
-
-    def _served(self, run: _Run, deployment: str) -> None:
-        run.deployment = deployment
-        spec = self._catalog.get(deployment)
-        run.downgraded = spec is not None and is_downgrade(run.job.plan.tier, spec.tier)
-
-    async def _allowed(self, run: _Run, deployment: str) -> bool:
-        if self._breaker is None or await self._breaker.allow(deployment):
-            return True
-        self._record(run, deployment, "circuit_open", time.time(), None, "circuit breaker open")
-        self._count(deployment, "circuit_open")
-        return False
-
-    async def _failed(
-        self,
-        run: _Run,
-        deployment: str,
-        exc: BackendError,
-        started: float,
-        usage: Usage | None,
-        *,
-        server: str | None = None,
-        resumed: bool = False,
-        estimated: bool = False,
-    ) -> bool:
-        """Record a failed call; whether the deployment's breaker is open now."""
-        self._record(
-            run, deployment, exc.kind, started, usage, str(exc),
-            server=server, resumed=resumed, estimated=estimated,
-        )  # fmt: skip
-        self._count(deployment, exc.kind)
-        if self._breaker is None or not exc.retryable:
-            return False
-        return await self._breaker.record(deployment, ok=False) is BreakerState.OPEN
-
-    def _record(
-        self,
-        run: _Run,
-        deployment: str,
-        outcome: str,
-        started: float,
-        usage: Usage | None,
-        error: str | None,
-        *,
-        server: str | None = None,
-        resumed: bool = False,
-        estimated: bool = False,
-    ) -> None:
-        """One attempt: in the ledger row, and as a ``backend.attempt`` span. Its kind says
-        why it happened: ``first``, a ``retry`` on the same deployment, a ``fallback`` to the
-        next, or a ``continuation`` of a stream that broke; ``reason``: the previous outcome.
-        ``estimated``: ``usage`` is the gateway's estimate (``gateway.accounting.estimates``)."""
-        previous = run.attempts[-1] if run.attempts else None
-        run.record(deployment, outcome, started, usage, error, estimated)
-        if not self._tracing.enabled:
-            return
-        if resumed:
-            kind = "continuation"
-        elif previous is None:
-            kind = "first"
-        else:
-            kind = "retry" if previous.deployment == deployment else "fallback"
-        self._tracing.attempt(
-            deployment=deployment,
-            provider=self._provider(deployment),
-            number=len(run.attempts),
-            kind=kind,
-            reason=previous.outcome if previous is not None else None,
-            outcome=outcome,
-            started=started,
-            ended=time.time(),
-            server=server,
-            input_tokens=usage.prompt_tokens if usage else 0,
-            output_tokens=usage.completion_tokens if usage else 0,
-        )
-
-    async def _succeeded(self, deployment: str) -> None:
-        self._count(deployment, "ok")
-        if self._breaker is not None:
-            await self._breaker.record(deployment, ok=True)
-
-    def _count(self, deployment: str, outcome: str) -> None:
-        if self._attempts_metric is not None:
-            self._attempts_metric.labels(deployment, outcome).inc()
 
     @staticmethod
     def _final(exc: BackendError) -> bool:
@@ -660,14 +440,14 @@ class Executor:
             timeout_s=max(min(tier.attempt_s, job.deadline - now), 0.001),
         )
 
-    async def _fail(self, run: _Run, emit: Emit) -> LedgerEntry:
+    async def _fail(self, run: Run, emit: Emit) -> LedgerEntry:
         error = self._error_for(run)
-        entry = self._entry(run, error.outcome, error.status)
-        meta = {**self._meta(run, entry), "status": error.status}
+        entry = self._billing.entry(run, error.outcome, error.status)
+        meta = {**self._billing.meta(run, entry), "status": error.status}
         await emit(Reply(run.job.request_id, "error", error.body(), meta))
         return entry
 
-    def _error_for(self, run: _Run) -> GatewayError:
+    def _error_for(self, run: Run) -> GatewayError:
         attempts = [a.to_dict() for a in run.attempts]
         if not run.attempts:
             return UpstreamFailed("no deployment of the route plan is available", attempts=attempts)
@@ -682,84 +462,3 @@ class Executor:
         return UpstreamFailed(
             f"every deployment of the route plan failed ({tried})", attempts=attempts
         )
-
-    def _entry(self, run: _Run, outcome: str, status: int) -> LedgerEntry:
-        job = run.job
-        now = time.time()
-        cost, baseline, known, estimated = self._costs(job, run)
-        spec = self._catalog.get(run.deployment) if run.deployment else None
-        tags = (*job.tags, DOWNGRADE_TAG) if run.downgraded else job.tags
-        return LedgerEntry(
-            request_id=job.request_id,
-            tenant=job.tenant,
-            principal=job.principal,
-            created_at=datetime.fromtimestamp(job.received_at, UTC),
-            outcome=outcome,
-            status_code=status,
-            requested_model=job.plan.requested_model,
-            tier=spec.tier.value if spec else job.plan.tier.value,
-            deployment=run.deployment,
-            rule=job.plan.rule,
-            score=job.plan.score,
-            stream=job.stream,
-            app=job.app,
-            tags=tags,
-            prompt_tokens=sum(u.prompt_tokens for u in run.usage_total),
-            completion_tokens=sum(u.completion_tokens for u in run.usage_total),
-            cost_micro_usd=cost,
-            baseline_micro_usd=baseline,
-            price_known=known,
-            latency_ms=(now - job.received_at) * 1000,
-            ttft_ms=None if run.ttft_at is None else (run.ttft_at - job.received_at) * 1000,
-            queue_ms=(run.picked_at - job.enqueued_at) * 1000,
-            attempts=tuple(run.attempts),
-            idempotency_key=None if job.stream else job.idempotency_key,  # it ran under the key
-            estimated_micro_usd=estimated,
-        )
-
-    def _costs(self, job: Job, run: _Run) -> tuple[int | None, int | None, bool, int | None]:
-        """Cost and baseline of every attempt that produced tokens, in micro-dollars; ``None``
-        where a price is unknown (flagged, never booked as zero). Then whether the price is
-        known, and the part of the cost priced from estimated tokens (``None``: no estimate;
-        0 when the cost is unknown, as ``LedgerEntry.estimated_micro_usd`` says)."""
-        cost: Decimal | None = Decimal(0)
-        baseline: Decimal | None = Decimal(0)
-        estimated: Decimal | None = None
-        baseline_model = self._baselines.get(job.tenant)
-        for attempt in run.attempts:
-            if not (attempt.prompt_tokens or attempt.completion_tokens):
-                continue
-            usage = Usage(attempt.prompt_tokens, attempt.completion_tokens)
-            price = self._prices.cost(attempt.deployment, usage)
-            base = self._prices.cost(baseline_model, usage) if baseline_model else None
-            cost = None if cost is None or price is None else cost + price
-            baseline = None if baseline is None or base is None else baseline + base
-            if attempt.estimated:
-                estimated = (estimated or Decimal(0)) + (price or Decimal(0))
-        if estimated is not None and cost is None:
-            estimated = Decimal(0)  # the cost is unknown: none of it is in any sum
-        return (
-            None if cost is None else to_micro(cost),
-            None if baseline is None else to_micro(baseline),
-            cost is not None,
-            None if estimated is None else to_micro(estimated),
-        )
-
-    def _route_meta(self, run: _Run) -> dict[str, Any]:
-        spec = self._catalog.get(run.deployment) if run.deployment else None
-        return {
-            "deployment": run.deployment,
-            "tier": spec.tier.value if spec else run.job.plan.tier.value,
-            "queue_ms": (run.picked_at - run.job.enqueued_at) * 1000,
-            "downgraded": run.downgraded,
-        }
-
-    def _meta(self, run: _Run, entry: LedgerEntry) -> dict[str, Any]:
-        cost = entry.cost_usd
-        return {
-            **self._route_meta(run),
-            "cost_usd": None if cost is None else str(cost),
-            "backend_ms": run.backend_s * 1000,
-            "prompt_tokens": entry.prompt_tokens,
-            "completion_tokens": entry.completion_tokens,
-        }

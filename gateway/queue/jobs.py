@@ -1,7 +1,9 @@
-"""A queued request (``Job``) and the events a worker sends back to the edge (``Reply``)."""
+"""A queued request (``Job``), the events a worker sends back to the edge (``Reply``), and the
+callable a run sends them through (``Emit``)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -10,7 +12,7 @@ from redis.typing import EncodableT, FieldT
 
 from router.plan import RoutePlan
 
-__all__ = ["Job", "Reply", "ReplyKind"]
+__all__ = ["Emit", "Job", "Reply", "ReplyKind"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +123,8 @@ class Reply:
             data=payload["d"],
             meta=payload.get("m", {}),
         )
+
+
+Emit = Callable[[Reply], Awaitable[None]]
+"""How a run sends its replies: to the edge's reply stream, or straight to a client waiting in
+this process (a job started at once)."""

@@ -1,0 +1,137 @@
+"""Every backend call of a run, accounted for where each part of the gateway looks for it.
+
+One call (or one deployment skipped because its circuit breaker is open) is:
+
+- an ``Attempt`` of the run's ledger row (``Run.record``), with the tokens it is booked;
+- a ``backend.attempt`` span (``gateway.observability.tracing``), when tracing is on, whose
+  kind says why it happened: ``first``, a ``retry`` on the same deployment, a ``fallback`` to
+  the next, or a ``continuation`` of a stream that broke;
+- one count in the attempts metric, by deployment and outcome;
+- one outcome for the deployment's circuit breaker (``gateway.faults.breaker``): successes, and
+  the retryable failures (a rejected request is the request's fault, not the deployment's).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from backends.errors import BackendError
+from backends.types import Usage
+from gateway.faults.breaker import BreakerState, RedisBreaker
+from gateway.observability.tracing import Tracing
+from gateway.queue.run import Run
+from router.catalog import Catalog
+
+__all__ = ["AttemptCounter", "Attempts", "provider_of"]
+
+
+class AttemptCounter(Protocol):
+    """Counts backend calls by deployment and outcome (``Metrics.attempts``)."""
+
+    def labels(self, deployment: str, outcome: str) -> Any: ...
+
+
+def provider_of(catalog: Catalog, deployment: str | None) -> str:
+    """The provider ``deployment`` is called through (``unknown`` when not in the catalog)."""
+    spec = catalog.get(deployment) if deployment else None
+    return spec.provider if spec else "unknown"
+
+
+class Attempts:
+    """Books a run's backend calls: in its ledger row, as spans, in the metric, to breakers."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        breaker: RedisBreaker | None,
+        metric: AttemptCounter | None,
+        tracing: Tracing,
+    ) -> None:
+        self._catalog = catalog
+        self._breaker = breaker
+        self._metric = metric
+        self._tracing = tracing
+
+    async def allowed(self, run: Run, deployment: str) -> bool:
+        """Whether ``deployment``'s breaker lets a call through; a skip is an attempt
+        (``circuit_open``)."""
+        if self._breaker is None or await self._breaker.allow(deployment):
+            return True
+        self.record(run, deployment, "circuit_open", time.time(), None, "circuit breaker open")
+        self._count(deployment, "circuit_open")
+        return False
+
+    async def failed(
+        self,
+        run: Run,
+        deployment: str,
+        exc: BackendError,
+        started: float,
+        usage: Usage | None,
+        *,
+        server: str | None = None,
+        resumed: bool = False,
+        estimated: bool = False,
+    ) -> bool:
+        """Record a failed call; whether the deployment's breaker is open now."""
+        self.record(
+            run, deployment, exc.kind, started, usage, str(exc),
+            server=server, resumed=resumed, estimated=estimated,
+        )  # fmt: skip
+        self._count(deployment, exc.kind)
+        if self._breaker is None or not exc.retryable:
+            return False
+        return await self._breaker.record(deployment, ok=False) is BreakerState.OPEN
+
+    def record(
+        self,
+        run: Run,
+        deployment: str,
+        outcome: str,
+        started: float,
+        usage: Usage | None,
+        error: str | None,
+        *,
+        server: str | None = None,
+        resumed: bool = False,
+        estimated: bool = False,
+    ) -> None:
+        """One attempt: in the ledger row, and as a ``backend.attempt`` span. Its kind says
+        why it happened: ``first``, a ``retry`` on the same deployment, a ``fallback`` to the
+        next, or a ``continuation`` of a stream that broke; ``reason``: the previous outcome.
+        ``estimated``: ``usage`` is the gateway's estimate (``gateway.accounting.estimates``)."""
+        previous = run.attempts[-1] if run.attempts else None
+        run.record(deployment, outcome, started, usage, error, estimated)
+        if not self._tracing.enabled:
+            return
+        if resumed:
+            kind = "continuation"
+        elif previous is None:
+            kind = "first"
+        else:
+            kind = "retry" if previous.deployment == deployment else "fallback"
+        self._tracing.attempt(
+            deployment=deployment,
+            provider=provider_of(self._catalog, deployment),
+            number=len(run.attempts),
+            kind=kind,
+            reason=previous.outcome if previous is not None else None,
+            outcome=outcome,
+            started=started,
+            ended=time.time(),
+            server=server,
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+        )
+
+    async def succeeded(self, deployment: str) -> None:
+        """Count a call that answered, and tell its breaker."""
+        self._count(deployment, "ok")
+        if self._breaker is not None:
+            await self._breaker.record(deployment, ok=True)
+
+    def _count(self, deployment: str, outcome: str) -> None:
+        if self._metric is not None:
+            self._metric.labels(deployment, outcome).inc()

@@ -1,0 +1,135 @@
+"""What a run is billed: its ledger entry, and the route and cost its replies carry.
+
+``Billing`` turns a ``Run`` (``gateway.queue.run``) into the ledger row of its job: outcome,
+tokens and the attempts they came from, the cost of every attempt that produced tokens and the
+same tokens priced at the tenant's baseline model (integer micro-dollars; ``None`` where a
+price is unknown, flagged and never booked as zero), the part of the cost priced from estimated
+usage (``gateway.accounting.estimates``), timings, and the downgrade tag
+(``gateway.faults.chains``) when a lower tier than planned served the answer. The replies carry
+the same figures: the route with a stream's first chunk (its headers), cost and tokens with the
+answer or the stream's end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Protocol
+
+from backends.types import Usage
+from gateway.accounting.records import LedgerEntry, to_micro
+from gateway.faults.chains import DOWNGRADE_TAG, is_downgrade
+from gateway.queue.jobs import Job
+from gateway.queue.run import Run
+from router.catalog import Catalog
+
+__all__ = ["Billing", "PriceLookup"]
+
+
+class PriceLookup(Protocol):
+    """What the executor needs of prices: cost of tokens on a model (``None`` = unknown)."""
+
+    def cost(self, model: str, usage: Usage) -> Decimal | None: ...
+
+
+class Billing:
+    """A run's ledger entry and reply figures, from prices, the catalog and each tenant's
+    baseline model (tenant → model, ``None``: no baseline)."""
+
+    def __init__(
+        self, prices: PriceLookup, catalog: Catalog, baselines: Mapping[str, str | None]
+    ) -> None:
+        self._prices = prices
+        self._catalog = catalog
+        self._baselines = baselines  # read at each booking: TenantDirectory.baselines
+
+    def served(self, run: Run, deployment: str) -> None:
+        """``deployment`` answers the run: it is booked to its tier, flagged when a downgrade."""
+        run.deployment = deployment
+        spec = self._catalog.get(deployment)
+        run.downgraded = spec is not None and is_downgrade(run.job.plan.tier, spec.tier)
+
+    def entry(self, run: Run, outcome: str, status: int) -> LedgerEntry:
+        job = run.job
+        now = time.time()
+        cost, baseline, known, estimated = self._costs(job, run)
+        spec = self._catalog.get(run.deployment) if run.deployment else None
+        tags = (*job.tags, DOWNGRADE_TAG) if run.downgraded else job.tags
+        return LedgerEntry(
+            request_id=job.request_id,
+            tenant=job.tenant,
+            principal=job.principal,
+            created_at=datetime.fromtimestamp(job.received_at, UTC),
+            outcome=outcome,
+            status_code=status,
+            requested_model=job.plan.requested_model,
+            tier=spec.tier.value if spec else job.plan.tier.value,
+            deployment=run.deployment,
+            rule=job.plan.rule,
+            score=job.plan.score,
+            stream=job.stream,
+            app=job.app,
+            tags=tags,
+            prompt_tokens=sum(u.prompt_tokens for u in run.usage_total),
+            completion_tokens=sum(u.completion_tokens for u in run.usage_total),
+            cost_micro_usd=cost,
+            baseline_micro_usd=baseline,
+            price_known=known,
+            latency_ms=(now - job.received_at) * 1000,
+            ttft_ms=None if run.ttft_at is None else (run.ttft_at - job.received_at) * 1000,
+            queue_ms=(run.picked_at - job.enqueued_at) * 1000,
+            attempts=tuple(run.attempts),
+            idempotency_key=None if job.stream else job.idempotency_key,  # it ran under the key
+            estimated_micro_usd=estimated,
+        )
+
+    def _costs(self, job: Job, run: Run) -> tuple[int | None, int | None, bool, int | None]:
+        """Cost and baseline of every attempt that produced tokens, in micro-dollars; ``None``
+        where a price is unknown (flagged, never booked as zero). Then whether the price is
+        known, and the part of the cost priced from estimated tokens (``None``: no estimate;
+        0 when the cost is unknown, as ``LedgerEntry.estimated_micro_usd`` says)."""
+        cost: Decimal | None = Decimal(0)
+        baseline: Decimal | None = Decimal(0)
+        estimated: Decimal | None = None
+        baseline_model = self._baselines.get(job.tenant)
+        for attempt in run.attempts:
+            if not (attempt.prompt_tokens or attempt.completion_tokens):
+                continue
+            usage = Usage(attempt.prompt_tokens, attempt.completion_tokens)
+            price = self._prices.cost(attempt.deployment, usage)
+            base = self._prices.cost(baseline_model, usage) if baseline_model else None
+            cost = None if cost is None or price is None else cost + price
+            baseline = None if baseline is None or base is None else baseline + base
+            if attempt.estimated:
+                estimated = (estimated or Decimal(0)) + (price or Decimal(0))
+        if estimated is not None and cost is None:
+            estimated = Decimal(0)  # the cost is unknown: none of it is in any sum
+        return (
+            None if cost is None else to_micro(cost),
+            None if baseline is None else to_micro(baseline),
+            cost is not None,
+            None if estimated is None else to_micro(estimated),
+        )
+
+    def route_meta(self, run: Run) -> dict[str, Any]:
+        """The route a reply carries (a stream's first chunk: its headers)."""
+        spec = self._catalog.get(run.deployment) if run.deployment else None
+        return {
+            "deployment": run.deployment,
+            "tier": spec.tier.value if spec else run.job.plan.tier.value,
+            "queue_ms": (run.picked_at - run.job.enqueued_at) * 1000,
+            "downgraded": run.downgraded,
+        }
+
+    def meta(self, run: Run, entry: LedgerEntry) -> dict[str, Any]:
+        """The route and accounting a run's last reply carries (answer, stream end, error)."""
+        cost = entry.cost_usd
+        return {
+            **self.route_meta(run),
+            "cost_usd": None if cost is None else str(cost),
+            "backend_ms": run.backend_s * 1000,
+            "prompt_tokens": entry.prompt_tokens,
+            "completion_tokens": entry.completion_tokens,
+        }

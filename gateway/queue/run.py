@@ -1,0 +1,63 @@
+"""One job's run: what happened while the executor served it.
+
+The executor keeps one ``Run`` per job it serves: every backend call so far (each an ``Attempt``
+of the ledger row, with the tokens it is booked), the time spent in backends, when the
+stream's first chunk left, and the deployment that answered. The ledger entry and the figures
+the replies carry are built from it (``gateway.queue.billing``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from backends.types import Usage
+from gateway.accounting.records import Attempt
+from gateway.queue.jobs import Job
+
+__all__ = ["Run"]
+
+
+@dataclass(slots=True)
+class Run:
+    """What happened while serving one job."""
+
+    job: Job
+    picked_at: float
+    reclaimed: bool = False
+    """Taken over from a worker that died: it may have sent part of a stream already."""
+    local: bool = False
+    """The client waits in this process (a job started at once): nothing crosses Redis."""
+    attempts: list[Attempt] = field(default_factory=list)
+    usage_total: list[Usage] = field(default_factory=list)
+    backend_s: float = 0.0
+    attempt_at: float = 0.0
+    """When the current backend attempt started (``time.time()``)."""
+    ttft_at: float | None = None
+    deployment: str | None = None
+    downgraded: bool = False
+
+    def record(
+        self,
+        deployment: str,
+        outcome: str,
+        started: float,
+        usage: Usage | None,
+        error: str | None,
+        estimated: bool = False,
+    ) -> None:
+        elapsed = max(time.time() - started, 0.0)
+        self.backend_s += elapsed
+        self.attempts.append(
+            Attempt(
+                deployment=deployment,
+                outcome=outcome,
+                latency_ms=elapsed * 1000,
+                prompt_tokens=usage.prompt_tokens if usage else 0,
+                completion_tokens=usage.completion_tokens if usage else 0,
+                error=error,
+                estimated=estimated,
+            )
+        )
+        if usage is not None:
+            self.usage_total.append(usage)
