@@ -4,6 +4,7 @@ the release of reservations never settled."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -20,11 +21,13 @@ from gateway.accounting import PriceBook
 from gateway.accounting.budgets import BudgetBook, Released, window_bounds, worst_case_micro
 from gateway.errors import BudgetExceeded
 from gateway.metrics import Metrics
+from gateway.services import Services
 from gateway.settings import BudgetSettings, load_settings
 from tests.gateway.accounting.apps import EXAMPLE, app_settings, auth, running_app
 from tests.gateway.accounting.factories import make_entry
 
 AT = datetime(2025, 3, 14, 9, 30, tzinfo=UTC)
+SMALL = "llama-3.1-8b-instruct"
 
 
 def tenants(*budgets: dict[str, Any]) -> dict[str, tuple[BudgetSettings, ...]]:
@@ -41,6 +44,48 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 def book(redis: aioredis.Redis, prefix: str, *budgets: dict[str, Any], **kw: Any) -> BudgetBook:
     prices = PriceBook.from_settings(load_settings(EXAMPLE).deployments, cost_map={})
     return BudgetBook(redis, prefix, tenants(*budgets), prices=prices, **kw)
+
+
+@contextlib.asynccontextmanager
+async def budgeted_gateway(
+    redis_url: str, key_prefix: str, workdir: Path, limit_usd: str
+) -> AsyncIterator[tuple[Services, httpx.AsyncClient]]:
+    """Real services and workers with acme's one budget of ``limit_usd``, a simulator over HTTP
+    (answering at once), the ledger in SQLite; the app called in process."""
+    from aiohttp import web
+
+    from backends.sim import PROFILES, create_sim_app
+    from gateway.app import create_app
+    from gateway.services import open_services
+    from tests.support import free_port, gateway_config
+
+    runner = web.AppRunner(create_sim_app(PROFILES[SMALL], time_scale=0.0))
+    await runner.setup()
+    sim_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", sim_port).start()
+    path = gateway_config(
+        workdir=workdir,
+        redis_url=redis_url,
+        prefix=key_prefix,
+        database_url=f"sqlite+aiosqlite:///{workdir / 'ledger.db'}",
+        sim_ports={SMALL: sim_port},
+        port=free_port(),
+        admin_port=free_port(),
+    )
+    data = yaml.safe_load(path.read_text())
+    data["tenants"]["acme"]["budgets"] = [{"name": "the-budget", "limit_usd": limit_usd}]
+    path.write_text(yaml.safe_dump(data))
+    try:
+        async with open_services(load_settings(path), dev=True, workers=True) as services:
+            app = create_app(services=services)
+            app.state.services = services
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://tiergate", timeout=60
+            ) as client:
+                yield services, client
+    finally:
+        await runner.cleanup()
 
 
 def test_windows() -> None:
@@ -225,76 +270,45 @@ async def test_fifty_chat_requests_racing_the_last_dollar_through_the_gateway(
     simulator over HTTP, the ledger in SQLite. Room for about three worst cases at a time: what
     the admitted requests cost in the ledger stays within the limit, every other one is a 429
     ``budget_exceeded``, and each of the fifty has its row."""
-    from aiohttp import web
     from sqlalchemy import func, select
 
-    from backends.sim import PROFILES, create_sim_app
     from gateway.accounting.schema import ledger_entries
-    from gateway.app import create_app
-    from gateway.services import open_services
-    from tests.support import free_port, gateway_config
 
-    small = "llama-3.1-8b-instruct"
-    runner = web.AppRunner(create_sim_app(PROFILES[small], time_scale=0.0))
-    await runner.setup()
-    sim_port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", sim_port).start()
     limit_micro = 200  # $0.0002; a worst case here is ~61 µ$ (1000 output tokens at $0.06/Mtok)
-    path = gateway_config(
-        workdir=tmp_path,
-        redis_url=redis_url,
-        prefix=key_prefix,
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
-        sim_ports={small: sim_port},
-        port=free_port(),
-        admin_port=free_port(),
-    )
-    data = yaml.safe_load(path.read_text())
-    data["tenants"]["acme"]["budgets"] = [{"name": "last-dollar", "limit_usd": "0.0002"}]
-    path.write_text(yaml.safe_dump(data))
     body = {
-        "model": small,
+        "model": SMALL,
         "messages": [{"role": "user", "content": "Explain how budgets work, in detail."}],
         "max_tokens": 1000,
     }
-    try:
-        async with open_services(load_settings(path), dev=True, workers=True) as services:
-            app = create_app(services=services)
-            app.state.services = services
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://tiergate", timeout=60
-            ) as client:
-                replies = await asyncio.gather(
-                    *(
-                        client.post("/v1/chat/completions", json=body, headers=auth("acme"))
-                        for _ in range(50)
-                    )
-                )
-            ok = [r for r in replies if r.status_code == 200]
-            refused = [r for r in replies if r.status_code != 200]
-            assert ok, [r.text for r in replies[:3]]
-            assert refused, "the limit admitted every request: it did not bite"
-            for r in refused:
-                assert r.status_code == 429, r.text
-                assert r.json()["error"]["code"] == "budget_exceeded"
-            for _ in range(200):  # the sink books through the event stream
-                async with services.ledger.engine.connect() as conn:
-                    rows = (
-                        await conn.execute(select(func.count()).select_from(ledger_entries))
-                    ).scalar_one()
-                if rows >= 50:
-                    break
-                await asyncio.sleep(0.05)
-            assert rows == 50
-            booked = [await services.ledger.get(r.headers["x-request-id"]) for r in ok]
-            spent = sum(entry.cost_micro_usd or 0 for entry in booked if entry is not None)
-            assert all(entry is not None and entry.price_known for entry in booked)
-            assert 0 < spent <= limit_micro, (len(ok), spent)
-            (status,) = await services.budgets.status("acme")  # type: ignore[union-attr]
-            assert status.spent_micro_usd + status.reserved_micro_usd <= status.limit_micro_usd
-    finally:
-        await runner.cleanup()
+    async with budgeted_gateway(redis_url, key_prefix, tmp_path, "0.0002") as (services, client):
+        replies = await asyncio.gather(
+            *(
+                client.post("/v1/chat/completions", json=body, headers=auth("acme"))
+                for _ in range(50)
+            )
+        )
+        ok = [r for r in replies if r.status_code == 200]
+        refused = [r for r in replies if r.status_code != 200]
+        assert ok, [r.text for r in replies[:3]]
+        assert refused, "the limit admitted every request: it did not bite"
+        for r in refused:
+            assert r.status_code == 429, r.text
+            assert r.json()["error"]["code"] == "budget_exceeded"
+        for _ in range(200):  # the sink books through the event stream
+            async with services.ledger.engine.connect() as conn:
+                rows = (
+                    await conn.execute(select(func.count()).select_from(ledger_entries))
+                ).scalar_one()
+            if rows >= 50:
+                break
+            await asyncio.sleep(0.05)
+        assert rows == 50
+        booked = [await services.ledger.get(r.headers["x-request-id"]) for r in ok]
+        spent = sum(entry.cost_micro_usd or 0 for entry in booked if entry is not None)
+        assert all(entry is not None and entry.price_known for entry in booked)
+        assert 0 < spent <= limit_micro, (len(ok), spent)
+        (status,) = await services.budgets.status("acme")  # type: ignore[union-attr]
+        assert status.spent_micro_usd + status.reserved_micro_usd <= status.limit_micro_usd
 
 
 async def test_a_repeat_answered_from_its_first_request_holds_no_reservation(
@@ -303,57 +317,24 @@ async def test_a_repeat_answered_from_its_first_request_holds_no_reservation(
     """An idempotent repeat reserves its worst case like any request, but runs nothing and has
     no ledger row: its reservation is settled at no cost when its answer is replayed, not left
     for the sweep."""
-    from aiohttp import web
-
-    from backends.sim import PROFILES, create_sim_app
-    from gateway.app import create_app
-    from gateway.services import open_services
-    from tests.support import free_port, gateway_config
-
-    small = "llama-3.1-8b-instruct"
-    runner = web.AppRunner(create_sim_app(PROFILES[small], time_scale=0.0))
-    await runner.setup()
-    sim_port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", sim_port).start()
-    path = gateway_config(
-        workdir=tmp_path,
-        redis_url=redis_url,
-        prefix=key_prefix,
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
-        sim_ports={small: sim_port},
-        port=free_port(),
-        admin_port=free_port(),
-    )
-    data = yaml.safe_load(path.read_text())
-    data["tenants"]["acme"]["budgets"] = [{"name": "monthly", "limit_usd": "10"}]
-    path.write_text(yaml.safe_dump(data))
-    body = {"model": small, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+    body = {"model": SMALL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
     headers = {**auth("acme"), "idempotency-key": "order-7"}
-    try:
-        async with open_services(load_settings(path), dev=True, workers=True) as services:
-            assert services.budgets is not None
-            app = create_app(services=services)
-            app.state.services = services
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://tiergate", timeout=60
-            ) as client:
-                first = await client.post("/v1/chat/completions", json=body, headers=headers)
-                assert first.status_code == 200, first.text
-                for _ in range(200):  # the first request's booking settles its reservation
-                    (status,) = await services.budgets.status("acme")
-                    if status.reserved_micro_usd == 0 and status.spent_micro_usd > 0:
-                        break
-                    await asyncio.sleep(0.02)
-                spent = status.spent_micro_usd
-                assert status.reserved_micro_usd == 0 and spent > 0
-                repeat = await client.post("/v1/chat/completions", json=body, headers=headers)
-                assert repeat.status_code == 200, repeat.text
-                assert repeat.json()["id"] == first.json()["id"]  # the first one's answer
-                (status,) = await services.budgets.status("acme")
-                assert (status.spent_micro_usd, status.reserved_micro_usd) == (spent, 0)
-    finally:
-        await runner.cleanup()
+    async with budgeted_gateway(redis_url, key_prefix, tmp_path, "10") as (services, client):
+        assert services.budgets is not None
+        first = await client.post("/v1/chat/completions", json=body, headers=headers)
+        assert first.status_code == 200, first.text
+        for _ in range(200):  # the first request's booking settles its reservation
+            (status,) = await services.budgets.status("acme")
+            if status.reserved_micro_usd == 0 and status.spent_micro_usd > 0:
+                break
+            await asyncio.sleep(0.02)
+        spent = status.spent_micro_usd
+        assert status.reserved_micro_usd == 0 and spent > 0
+        repeat = await client.post("/v1/chat/completions", json=body, headers=headers)
+        assert repeat.status_code == 200, repeat.text
+        assert repeat.json()["id"] == first.json()["id"]  # the first one's answer
+        (status,) = await services.budgets.status("acme")
+        assert (status.spent_micro_usd, status.reserved_micro_usd) == (spent, 0)
 
 
 async def reserve(budgets: BudgetBook, request_id: str, micro_usd: int, at: Any = AT) -> None:
