@@ -298,6 +298,7 @@ async def reconcile(cluster: Cluster, results: list[Result]) -> dict[str, Any]:
     ledger = await SqlLedger.connect(cluster.database_url)
     usage = _usage_lines(cluster)
     missing_rows = double_billed = mismatched = checked = 0
+    examples: list[dict[str, Any]] = []
     failures: Counter[str] = Counter()
     try:
         for r in results:
@@ -328,6 +329,14 @@ async def reconcile(cluster: Cluster, results: list[Result]) -> dict[str, Any]:
                     attempt.completion_tokens
                 ):
                     mismatched += 1
+                    if len(examples) < 5:  # what a failed reconciliation needs to be read
+                        examples.append(
+                            {
+                                "request_id": r.request_id,
+                                "attempts": [a.to_dict() for a in entry.attempts],
+                                "served_by_the_simulator": served,
+                            }
+                        )
     finally:
         await ledger.aclose()
     return {
@@ -335,6 +344,7 @@ async def reconcile(cluster: Cluster, results: list[Result]) -> dict[str, Any]:
         "double_billed": double_billed,
         "ok_attempts_checked_against_usage_logs": checked,
         "token_mismatch": mismatched,
+        "token_mismatch_examples": examples,
         "failed_requests_by_attempts": dict(failures.most_common(8)),
     }
 

@@ -30,6 +30,6 @@ async def test_chaos_loses_nothing_and_bills_nothing_twice() -> None:
     report = await bench.main_async(args)
     assert report["lost"] == 0, report
     assert report["double_billed"] == 0, report
-    assert report["token_mismatch"] == 0, report
+    assert report["token_mismatch"] == 0, report["token_mismatch_examples"]
     assert report["chaos"]["requests"] > 50
     assert report["after"]["success_rate"] >= 0.95, report
