@@ -39,6 +39,12 @@ TEST_KEYS = {
 }
 
 
+def fuzz_examples(full: int) -> int:
+    """How many generated examples a slow fuzz or property test runs: ``full`` times
+    ``TIERGATE_FUZZ_SCALE`` (default 1; ``.ci/run`` lowers it to fit CI's time), at least 1."""
+    return max(1, round(full * float(os.environ.get("TIERGATE_FUZZ_SCALE", "1"))))
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

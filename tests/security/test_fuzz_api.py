@@ -18,7 +18,7 @@ from openai import OpenAI
 from schemathesis import GenerationMode
 
 from tests.e2e.conftest import Stack, stack
-from tests.support import TEST_KEYS
+from tests.support import TEST_KEYS, fuzz_examples
 
 __all__ = ["stack"]
 
@@ -43,9 +43,10 @@ def tally() -> Iterator[Counter[str]]:
     print(f"\nfuzz: {dict(sorted(counts.items()))}")
 
 
-CHAT_EXAMPLES = 500
-OTHER_EXAMPLES = 50
-"""Per operation and generation mode (valid and invalid data): the chat route gets most."""
+CHAT_EXAMPLES = fuzz_examples(500)
+OTHER_EXAMPLES = fuzz_examples(50)
+"""Per operation and generation mode (valid and invalid data): the chat route gets most.
+Scaled by ``TIERGATE_FUZZ_SCALE`` (``tests.support.fuzz_examples``)."""
 MODELS = ("auto", "small", "large", "llama-3.1-8b-instruct", "gpt-4o-mini")
 
 

@@ -17,10 +17,14 @@ from gateway.api.admission import admit
 from gateway.errors import GatewayError
 from gateway.settings import LimitsSettings, Settings
 from router.rules import RulesInvalid, parse_rules
+from tests.support import fuzz_examples
 
 FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MANY = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
-"""The default suite runs a few examples per parser; the slow suite (CI) thousands."""
+MANY = settings(
+    max_examples=fuzz_examples(1000), deadline=None, suppress_health_check=list(HealthCheck)
+)
+"""The default suite runs a few examples per parser; the slow suite a thousand each (scaled by
+``TIERGATE_FUZZ_SCALE``, ``tests.support.fuzz_examples``)."""
 
 
 def _few_and_many(check: Callable[..., None], *strategies: Any) -> tuple[Any, Any]:
