@@ -14,11 +14,9 @@ STAMP := $(VENV)/.tiergate-installed
 
 setup: $(STAMP)
 
-# --no-compile: modules are byte-compiled when first imported instead of all at install time
-# (most of SciPy's and scikit-learn's are never imported by a serving process).
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps --no-compile -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
