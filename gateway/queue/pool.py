@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from backends.errors import BackendUnavailable
 from backends.protocol import Backend
 from gateway.queue.affinity import home_first, home_of
-from gateway.queue.capacity import SlotLeases
+from gateway.queue.capacity import SlotLeases, epoch_key_of
 from gateway.tasks import stop_task
 
 __all__ = ["BackendPool", "Chooser", "Replica", "Reservation"]
@@ -249,7 +249,7 @@ class BackendPool:
             await asyncio.sleep(every)
             by_key: dict[str, list[tuple[str, str]]] = {}
             for key, lease_id in list(self._held.values()):
-                by_key.setdefault(key.rsplit(":slots:", 1)[0], []).append((key, lease_id))
+                by_key.setdefault(epoch_key_of(key), []).append((key, lease_id))
             for group in by_key.values():  # one script per tier: one Cluster slot each
                 try:
                     await self._leases.renew(group)
