@@ -76,12 +76,13 @@ def create_app(
 
 def create_admin_app(services: Services) -> FastAPI:
     """The admin port: Prometheus metrics and the tenant and key admin API (neither exposed on
-    the public port)."""
+    the public port), and their schema at ``/openapi.json`` (no key needed, as for metrics: it
+    holds no data, and the admin port is not on the public network)."""
     app = FastAPI(
         title="tiergate admin",
+        version="0.1.0",
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
         telemetry=_NO_NATIVE_TELEMETRY,
     )
     app.state.services = services

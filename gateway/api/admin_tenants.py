@@ -1,14 +1,19 @@
-"""``/v1/admin/tenants``: run-time tenants (admin role, on the admin port)."""
+"""``/v1/admin/tenants``: run-time tenants (admin role, on the admin port).
+
+Bodies are schemas (``TenantCreate``, ``TenantChanges``): an unknown field or a wrong type is a
+400 ``invalid_request`` naming it (``gateway.api.errors``), and ``/openapi.json`` on the admin
+port publishes them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, Response
+from fastapi import APIRouter, Response
 
 from gateway.api.deps import ServicesDep
 from gateway.auth.access import ADMIN, access
 from gateway.auth.admin import AuthAdmin
+from gateway.auth.tenant_changes import TenantChanges
 from gateway.auth.tenants import TenantProfile, TenantRecord
 from gateway.errors import Conflict, InvalidRequest, ServiceUnavailable
 from gateway.services import Services
@@ -19,7 +24,11 @@ router = APIRouter(prefix="/v1/admin/tenants", dependencies=[access(ADMIN)], tag
 
 
 class TenantCreate(TenantProfile):
+    """A new run-time tenant: its name and any of its settings (the rest take their
+    defaults)."""
+
     name: str
+    """1-63 of a-z, 0-9, '-', '_', starting alphanumeric; not a config-file tenant's."""
 
 
 def admin_of(services: Services) -> AuthAdmin:
@@ -70,13 +79,12 @@ async def get_tenant(services: ServicesDep, name: str) -> dict[str, Any]:
 
 
 @router.patch("/{name}")
-async def update_tenant(
-    services: ServicesDep, name: str, changes: Annotated[dict[str, Any], Body()]
-) -> dict[str, Any]:
+async def update_tenant(services: ServicesDep, name: str, changes: TenantChanges) -> dict[str, Any]:
     admin = admin_of(services)
+    given = changes.given()
     current = await admin.store.get_tenant(name)
-    _check_models(services, current.profile.merged(changes))
-    return _view(await admin.update_tenant(name, changes))
+    _check_models(services, current.profile.merged(given))
+    return _view(await admin.update_tenant(name, given))
 
 
 @router.delete("/{name}", status_code=204)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from http import HTTPStatus
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -58,11 +60,27 @@ async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(request, exc)
 
 
+_PARTS = frozenset({"body", "query", "path", "header", "cookie"})
+"""Where FastAPI says a parameter was (the first element of an error's location)."""
+
+
+def _invalid(error: Mapping[str, Any]) -> InvalidRequest:
+    """A request that does not fit its route's schema, as one ``InvalidRequest``: the field's
+    path in ``param`` (``budgets.0.limit_usd``), unknown fields called so."""
+    loc = [str(p) for p in error.get("loc", ())]
+    where = ".".join(loc)
+    if error.get("type") == "json_invalid":
+        at = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return InvalidRequest(f"request body is not valid JSON{at}", code="invalid_json")
+    field = ".".join(loc[1:] if loc and loc[0] in _PARTS else loc) or None
+    if error.get("type") == "extra_forbidden":
+        return InvalidRequest(f"{where}: unknown field", param=field)
+    return InvalidRequest(f"{where}: {error.get('msg', 'invalid')}", param=field)
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {}
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return error_response(request, InvalidRequest(f"{where}: {first.get('msg', 'invalid')}"))
+    return error_response(request, _invalid(exc.errors()[0] if exc.errors() else {}))
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

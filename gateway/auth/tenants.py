@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -21,7 +21,18 @@ from gateway.errors import InvalidRequest
 from gateway.settings import BudgetSettings
 from router.catalog import Tier
 
-__all__ = ["KeyRecord", "TenantProfile", "TenantRecord", "check_roles", "valid_name"]
+__all__ = [
+    "KeyRecord",
+    "LimitUsd",
+    "PerMinute",
+    "Priority",
+    "TenantProfile",
+    "TenantRecord",
+    "Threshold",
+    "Weight",
+    "check_roles",
+    "valid_name",
+]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
@@ -48,27 +59,44 @@ MONTHLY = "monthly"
 """The name of the budget ``monthly_budget_usd`` stands for."""
 
 
+Threshold = Annotated[float, Field(ge=0.0, le=1.0)]
+Priority = Literal["interactive", "standard", "batch"]
+Weight = Annotated[float, Field(gt=0)]
+PerMinute = Annotated[int, Field(ge=1)]
+LimitUsd = Annotated[Decimal, Field(gt=0)]
+"""The constrained types of a tenant's settings, shared by ``TenantProfile`` and the partial
+update ``gateway.auth.tenant_changes.TenantChanges``."""
+
+
 class TenantProfile(BaseModel):
     """A tenant's settings, as the admin API and CLI accept them. Each field means what the
     config-file tenant's field of the same name means (``gateway.settings.TenantSettings``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     default_tier: Tier = Tier.SMALL
+    """Where a request goes when routing has no opinion."""
     allowed_tiers: tuple[Tier, ...] = (Tier.SMALL, Tier.LARGE, Tier.EXTERNAL)
+    """Tiers the tenant may use."""
     allowed_models: tuple[str, ...] | None = None
     """Deployments this tenant may use; ``None``: every deployment of its allowed tiers."""
-    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    threshold: Threshold | None = None
+    """Classifier score at or above which ``auto`` goes large; ``None``: the model's
+    calibrated default."""
     baseline_model: str | None = None
     """Deployment whose prices define the ledger's baseline cost; default: the first large
     deployment."""
-    priority: Literal["interactive", "standard", "batch"] = "standard"
-    weight: float = Field(default=1.0, gt=0)
+    priority: Priority = "standard"
+    """Default queue lane."""
+    weight: Weight = 1.0
     """Fair share within a priority lane, relative to the other tenants there."""
-    requests_per_minute: int | None = Field(default=None, ge=1)
-    tokens_per_minute: int | None = Field(default=None, ge=1)
+    requests_per_minute: PerMinute | None = None
+    """Rate limit shared by every gateway process; ``None``: none."""
+    tokens_per_minute: PerMinute | None = None
+    """Rate limit (prompt estimate + output budget); ``None``: none."""
     budgets: tuple[BudgetSettings, ...] = ()
-    monthly_budget_usd: Decimal | None = Field(default=None, gt=0)
+    """Spending limits, written as in the config file; names unique."""
+    monthly_budget_usd: LimitUsd | None = None
     """Shorthand for one more budget: hard, over the UTC month, named ``monthly``."""
     log_prompts: bool = False
     """Opt-in to having prompts in access log lines (``logging.log_prompts`` must be on too)."""
@@ -104,10 +132,14 @@ class TenantProfile(BaseModel):
         return None
 
     def merged(self, changes: Mapping[str, Any]) -> TenantProfile:
-        """This profile with ``changes`` (field → new value; a list replaces the whole list) or
-        ``InvalidRequest`` naming the first problem."""
+        """This profile with ``changes`` (field → new value; a list replaces the whole list;
+        ``None`` puts the field back to its default) or ``InvalidRequest`` naming the first
+        problem."""
+        merged = {**self.model_dump(mode="json"), **changes}
         try:
-            return TenantProfile.model_validate({**self.model_dump(mode="json"), **changes})
+            return TenantProfile.model_validate(
+                {k: v for k, v in merged.items() if v is not None or k not in _FIELDS}
+            )
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
@@ -128,6 +160,9 @@ class TenantProfile(BaseModel):
         if _is_zero(stored.get("monthly_budget_usd")):
             stored["monthly_budget_usd"] = None
         return cls.model_validate(stored)
+
+
+_FIELDS = frozenset(TenantProfile.model_fields)
 
 
 def _is_zero(value: object) -> bool:

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.accounting import PriceBook
 from gateway.auth.directory import TenantDirectory
+from gateway.auth.tenant_changes import TenantChanges
 from gateway.auth.tenants import TenantProfile, TenantRecord
 from gateway.errors import InvalidRequest
 from gateway.limits.rate import TenantRates
@@ -157,3 +158,36 @@ def test_named_deployments_are_checked() -> None:
         "allowed_models",
         "unknown deployments ['x']",
     )
+
+
+def test_null_in_a_change_puts_the_default_back() -> None:
+    set_ = TenantProfile(weight=2, requests_per_minute=9, budgets=(), priority="batch")
+    assert set_.merged({"weight": None, "requests_per_minute": None}) == TenantProfile(
+        priority="batch"
+    )
+    with pytest.raises(InvalidRequest) as refused:
+        set_.merged({"colour": None})
+    assert refused.value.param == "colour"
+
+
+def test_changes_name_exactly_the_profile_fields() -> None:
+    assert list(TenantChanges.model_fields) == list(TenantProfile.model_fields)
+    change = TenantChanges.model_validate(
+        {"weight": "2", "threshold": None, "budgets": [{"name": "m", "limit_usd": 1}]}
+    )
+    assert change.given() == {
+        "weight": 2.0,
+        "threshold": None,
+        "budgets": [
+            {
+                "name": "m",
+                "limit_usd": "1",
+                "window": "month",
+                "mode": "hard",
+                "app": None,
+                "tag": None,
+                "alert_at": [0.5, 0.8, 1.0],
+            }
+        ],
+    }
+    assert TenantChanges().given() == {}

@@ -105,6 +105,33 @@ async def test_limits_budgets_and_baseline_round_trip(store: SqlAuthStore) -> No
         await store.update_tenant("umbrella", {"budgets": [{"name": "monthly", "limit_usd": 1}]})
 
 
+async def test_null_puts_settings_back_to_their_defaults(store: SqlAuthStore) -> None:
+    """What ``PATCH`` with ``null`` and ``tiergate tenants update --clear`` store."""
+    profile = TenantProfile.model_validate(
+        {
+            "allowed_tiers": ["small"],
+            "priority": "batch",
+            "weight": 3,
+            "requests_per_minute": 5,
+            "budgets": [{"name": "weekly", "limit_usd": "1", "window": "7d"}],
+            "monthly_budget_usd": "9",
+            "log_prompts": True,
+        }
+    )
+    await store.create_tenant("umbrella", profile)
+    cleared = dict.fromkeys(
+        ("allowed_tiers", "priority", "weight", "requests_per_minute", "budgets", "log_prompts")
+    )
+    changed = await store.update_tenant(
+        "umbrella", {**cleared, "monthly_budget_usd": None, "threshold": 0.5}
+    )
+    assert changed.profile == TenantProfile(threshold=0.5)
+    assert (await store.get_tenant("umbrella")).profile == TenantProfile(threshold=0.5)
+    with pytest.raises(InvalidRequest) as refused:  # an unknown setting, even as null
+        await store.update_tenant("umbrella", {"colour": None})
+    assert refused.value.param == "colour"
+
+
 async def test_key_is_stored_as_salted_hash_only(store: SqlAuthStore, store_url: str) -> None:
     issued = await store.create_key("ops-bot", ["tenant:umbrella"], note="ci")
     assert issued.key.startswith("tgk_") and issued.record.key_id in issued.key
