@@ -11,10 +11,12 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 import yaml
+from pydantic import ValidationError
 
 from gateway.auth.admin import AuthAdmin, open_auth_admin
+from gateway.auth.tenant_changes import TenantChanges
 from gateway.auth.tenants import TenantProfile, TenantRecord
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, InvalidRequest
 from gateway.settings import Settings, load_settings
 
 __all__ = ["run_admin", "tenants_app"]
@@ -108,6 +110,34 @@ Budget = Annotated[
 ]
 
 
+CLEARABLE = tuple(TenantChanges.model_fields)
+_OPTION_NAMES = {"budget": "budgets", "budget_usd": "monthly_budget_usd"}
+"""``--clear`` also takes the name of the option that sets a setting (``--budget-usd``)."""
+Clear = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--clear",
+        metavar="SETTING",
+        help="put a setting back to its default, as a PATCH with null does: "
+        f"{', '.join(CLEARABLE)} (dashes or underscores); repeat for more",
+    ),
+]
+
+
+def _cleared(names: list[str], changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` with each ``--clear`` setting set to ``None`` (back to its default)."""
+    cleared = dict(changes)
+    for given in names:
+        field = given.strip().replace("-", "_")
+        field = _OPTION_NAMES.get(field, field)
+        if field not in CLEARABLE:
+            _fail(f"--clear: unknown setting {given!r}; one of {', '.join(CLEARABLE)}")
+        if cleared.get(field) is not None:
+            _fail(f"{field} is both set and cleared")
+        cleared[field] = None
+    return cleared
+
+
 def _profile(changes: dict[str, Any]) -> TenantProfile:
     try:
         return TenantProfile.model_validate(changes)
@@ -175,9 +205,10 @@ def update(
     baseline_model: Baseline = None,
     budgets: Budgets = None,
     budget_usd: Budget = None,
+    clear: Clear = None,
 ) -> None:
-    """Change some of a tenant's settings."""
-    changes = _changes(
+    """Change some of a tenant's settings; `--clear` puts one back to its default."""
+    given = _changes(
         default_tier=default_tier,
         allowed_tiers=allowed_tiers,
         allowed_models=allowed_models,
@@ -190,8 +221,24 @@ def update(
         budgets=budgets,
         budget_usd=budget_usd,
     )
-    _check_models(load_settings(config), _profile(changes))
+    changes = _checked(config, _cleared(clear or [], given))
     _echo(_view(run_admin(config, lambda a: a.update_tenant(name, changes))))
+
+
+def _checked(config: Path, changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` checked as a PATCH body is (``TenantChanges``), then applied to a tenant with
+    nothing set, for their values and the deployments they name (what depends on the tenant's
+    own settings is the store's to check)."""
+    try:
+        given = TenantChanges.model_validate(changes).given()
+        profile = TenantProfile().merged(given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        _fail(f"invalid tenant settings: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+    except InvalidRequest as exc:
+        _fail(exc.message)
+    _check_models(load_settings(config), profile)
+    return given
 
 
 @tenants_app.command("list")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from gateway.auth.tenants import TenantProfile
 from gateway.cli.main import app
 from tests.gateway.auth.conftest import EXAMPLE
 
@@ -76,3 +77,65 @@ def test_bad_flags_are_refused(env: dict[str, str], flags: list[str], complaint:
     )
     assert result.exit_code == 2, result.output
     assert complaint in result.output
+
+
+def test_update_clears_settings_back_to_their_defaults(env: dict[str, str]) -> None:
+    runner = CliRunner()
+    base = ["--config", str(EXAMPLE)]
+    created = runner.invoke(
+        app,
+        [
+            *("tenants", "create", "umbrella", *base),
+            *("--weight", "2", "--requests-per-minute", "60", "--threshold", "0.3"),
+            *("--baseline-model", LARGE, "--budget-usd", "100", "--priority", "batch"),
+            *("--allowed-models", LARGE, "--budget", "{name: eu, limit_usd: 5, tag: eu}"),
+        ],
+        env=env,
+    )
+    assert created.exit_code == 0, created.output
+    cleared = runner.invoke(
+        app,
+        [
+            *("tenants", "update", "umbrella", *base, "--tokens-per-minute", "900"),
+            *("--clear", "weight", "--clear", "budgets", "--clear", "requests-per-minute"),
+            *("--clear", "budget-usd", "--clear", "baseline_model", "--clear", "priority"),
+            *("--clear", "allowed_models"),
+        ],
+        env=env,
+    )
+    assert cleared.exit_code == 0, cleared.output
+    shown = runner.invoke(app, ["tenants", "show", "umbrella", *base], env=env)
+    assert shown.exit_code == 0, shown.output
+    after = json.loads(shown.output)
+    assert after == json.loads(cleared.output)
+    defaults = TenantProfile()
+    assert (after["weight"], after["budgets"], after["requests_per_minute"]) == (
+        defaults.weight,
+        [],
+        None,
+    )
+    assert after["monthly_budget_usd"] is None and after["baseline_model"] is None
+    assert after["priority"] == defaults.priority and after["allowed_models"] is None
+    assert (after["threshold"], after["tokens_per_minute"]) == (0.3, 900)  # kept, and set
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (["--clear", "colour"], "--clear: unknown setting 'colour'"),
+        (["--clear", "weight", "--weight", "3"], "weight is both set and cleared"),
+        (["--clear", "budget", "--budget", "{name: m, limit_usd: 1}"], "budgets is both set"),
+        (["--priority", "urgent"], "invalid tenant settings: priority"),
+        (["--baseline-model", "gpt-9"], "baseline_model: unknown deployment 'gpt-9'"),
+    ],
+)
+def test_bad_updates_are_refused(env: dict[str, str], flags: list[str], complaint: str) -> None:
+    runner = CliRunner()
+    base = ["--config", str(EXAMPLE)]
+    made = runner.invoke(app, ["tenants", "create", "umbrella", *base, "--weight", "2"], env=env)
+    assert made.exit_code == 0, made.output
+    result = runner.invoke(app, ["tenants", "update", "umbrella", *base, *flags], env=env)
+    assert result.exit_code == 2, result.output
+    assert complaint in result.output
+    shown = runner.invoke(app, ["tenants", "show", "umbrella", *base], env=env)
+    assert json.loads(shown.output)["weight"] == 2.0
