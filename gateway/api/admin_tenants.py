@@ -1,4 +1,5 @@
-"""``/v1/admin/tenants``: run-time tenants (admin role, on the admin port).
+"""``/v1/admin/tenants``: run-time tenants, and the config-file ones shown beside them (admin
+role, on the admin port).
 
 Bodies are schemas (``TenantCreate``, ``TenantChanges``): an unknown field or a wrong type is a
 400 ``invalid_request`` naming it (``gateway.api.errors``), and ``/openapi.json`` on the admin
@@ -11,11 +12,12 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from gateway.api.deps import ServicesDep
+from gateway.api.tenant_views import config_view, runtime_view
 from gateway.auth.access import ADMIN, access
 from gateway.auth.admin import AuthAdmin
 from gateway.auth.tenant_changes import TenantChanges
 from gateway.auth.tenants import TenantProfile, TenantRecord
-from gateway.errors import Conflict, InvalidRequest, ServiceUnavailable
+from gateway.errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from gateway.services import Services
 
 __all__ = ["admin_of", "router"]
@@ -37,14 +39,8 @@ def admin_of(services: Services) -> AuthAdmin:
     return AuthAdmin(services.auth.store, services.auth.changes, services.auth)
 
 
-def _view(record: TenantRecord, *, source: str = "runtime") -> dict[str, Any]:
-    return {
-        "name": record.name,
-        "source": source,
-        **record.profile.model_dump(mode="json"),
-        "created_at": record.created_at.isoformat(),
-        "updated_at": record.updated_at.isoformat(),
-    }
+def _view(services: Services, record: TenantRecord) -> dict[str, Any]:
+    return runtime_view(services.settings, services.policies, record)
 
 
 def _check_models(services: Services, profile: TenantProfile) -> None:
@@ -58,10 +54,10 @@ def _check_models(services: Services, profile: TenantProfile) -> None:
 async def list_tenants(services: ServicesDep) -> dict[str, Any]:
     records = await admin_of(services).store.list_tenants()
     configured = [
-        {"name": name, "source": "config", "default_tier": t.default_tier.value}
-        for name, t in sorted(services.settings.tenants.items())
+        config_view(services.settings, services.policies, name)
+        for name in sorted(services.settings.tenants)
     ]
-    return {"object": "list", "data": configured + [_view(r) for r in records]}
+    return {"object": "list", "data": configured + [_view(services, r) for r in records]}
 
 
 @router.post("", status_code=201)
@@ -70,24 +66,44 @@ async def create_tenant(services: ServicesDep, body: TenantCreate) -> dict[str, 
         raise Conflict(f"tenant {body.name!r} is defined in the config file")
     profile = TenantProfile.model_validate(body.model_dump(exclude={"name"}))
     _check_models(services, profile)
-    return _view(await admin_of(services).create_tenant(body.name, profile))
+    return _view(services, await admin_of(services).create_tenant(body.name, profile))
 
 
 @router.get("/{name}")
 async def get_tenant(services: ServicesDep, name: str) -> dict[str, Any]:
-    return _view(await admin_of(services).store.get_tenant(name))
+    """A run-time tenant; else a config-file tenant (read-only: change it in the file)."""
+    try:
+        return _view(services, await admin_of(services).store.get_tenant(name))
+    except NotFound:
+        if name not in services.settings.tenants:
+            raise
+    return config_view(services.settings, services.policies, name)
 
 
 @router.patch("/{name}")
 async def update_tenant(services: ServicesDep, name: str, changes: TenantChanges) -> dict[str, Any]:
     admin = admin_of(services)
     given = changes.given()
-    current = await admin.store.get_tenant(name)
+    try:
+        current = await admin.store.get_tenant(name)
+    except NotFound:
+        _refuse_config_tenant(services, name)
+        raise
     _check_models(services, current.profile.merged(given))
-    return _view(await admin.update_tenant(name, given))
+    return _view(services, await admin.update_tenant(name, given))
 
 
 @router.delete("/{name}", status_code=204)
 async def delete_tenant(services: ServicesDep, name: str) -> Response:
-    await admin_of(services).delete_tenant(name)
+    try:
+        await admin_of(services).delete_tenant(name)
+    except NotFound:
+        _refuse_config_tenant(services, name)
+        raise
     return Response(status_code=204)
+
+
+def _refuse_config_tenant(services: Services, name: str) -> None:
+    """A config-file tenant (with no run-time row of its name) is changed in the file."""
+    if name in services.settings.tenants:
+        raise Conflict(f"tenant {name!r} is defined in the config file; change it there")

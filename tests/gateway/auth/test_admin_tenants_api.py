@@ -1,9 +1,11 @@
 """``/v1/admin/tenants`` on the admin app against real services (SQLite, the test Redis): the
-bodies' schemas and their refusals, and ``null`` putting a setting back to its default."""
+bodies' schemas and their refusals, ``null`` putting a setting back to its default, and the
+config-file tenants shown with what they are held to."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,10 +13,36 @@ import pytest
 
 from gateway.auth.tenant_changes import TenantChanges
 from gateway.auth.tenants import TenantProfile
-from tests.gateway.auth.conftest import ADMIN
+from gateway.settings import Settings, load_settings
+from tests.gateway.auth.conftest import ADMIN, EXAMPLE
 
 SMALL = "llama-3.1-8b-instruct"
 LARGE = "llama-3.1-70b-instruct-awq"
+DEV_KEYS = ("dev-acme", "dev-globex", "dev-admin", "dev-finance")
+
+
+@pytest.fixture
+def settings(tmp_path: Path, redis_url: str, key_prefix: str) -> Settings:
+    """The example config, with acme held to a weight, rate limits, budgets and a model list."""
+    acme = {
+        "key_env": "TIERGATE_KEY_ACME",
+        "dev_key": "dev-acme",
+        "allowed_tiers": ["small", "large"],
+        "allowed_models": [SMALL],
+        "priority": "interactive",
+        "weight": 3,
+        "requests_per_minute": 120,
+        "tokens_per_minute": 50000,
+        "budgets": [{"name": "monthly", "limit_usd": "500"}],
+    }
+    globex = {"key_env": "TIERGATE_KEY_GLOBEX", "dev_key": "dev-globex", "threshold": 0.35}
+    return load_settings(
+        EXAMPLE,
+        redis={"url": redis_url, "key_prefix": key_prefix},
+        database={"url": f"sqlite+aiosqlite:///{tmp_path / 'tiergate.db'}"},
+        simulators=[],
+        tenants={"acme": acme, "globex": globex},
+    )
 
 
 async def _create(client: httpx.AsyncClient, name: str, **settings: Any) -> dict[str, Any]:
@@ -132,6 +160,8 @@ async def test_null_puts_each_setting_back_to_its_default(admin_client: httpx.As
     shown = cleared.json()
     defaults = TenantProfile().model_dump(mode="json")
     assert {k: shown[k] for k in defaults} == defaults
+    assert shown["effective"]["weight"] == 1.0 and shown["effective"]["budgets"] == []
+    assert shown["effective"]["baseline_model"] == LARGE  # the default deployment again
     again = await admin_client.get("/v1/admin/tenants/umbrella", headers=ADMIN)
     assert again.json() == shown
 
@@ -171,6 +201,78 @@ async def test_openapi_publishes_the_bodies(admin_client: httpx.AsyncClient) -> 
     assert {"type": "null"} in weight["anyOf"] and "null: 1" in weight["description"]
     create = components["TenantCreate"]
     assert create["additionalProperties"] is False and create["required"] == ["name"]
+
+
+async def test_config_tenants_show_what_they_are_held_to(admin_client: httpx.AsyncClient) -> None:
+    await _create(admin_client, "umbrella", weight=2, monthly_budget_usd="9")
+    response = await admin_client.get("/v1/admin/tenants", headers=ADMIN)
+    assert response.status_code == 200
+    listed = {t["name"]: t for t in response.json()["data"]}
+    assert [t["source"] for t in response.json()["data"]] == ["config", "config", "runtime"]
+
+    acme = listed["acme"]
+    assert (acme["weight"], acme["requests_per_minute"], acme["tokens_per_minute"]) == (
+        3.0,
+        120,
+        50000,
+    )
+    assert acme["baseline_model"] is None and acme["threshold"] is None  # as written: unset
+    assert acme["effective"] == {
+        "default_tier": "small",
+        "allowed_tiers": ["small", "large"],
+        "allowed_models": [SMALL],
+        "threshold": acme["effective"]["threshold"],  # the classifier's calibrated default
+        "priority": "interactive",
+        "weight": 3.0,
+        "requests_per_minute": 120,
+        "tokens_per_minute": 50000,
+        "budgets": [
+            {
+                "name": "monthly",
+                "limit_usd": "500",
+                "window": "month",
+                "mode": "hard",
+                "app": None,
+                "tag": None,
+                "alert_at": [0.5, 0.8, 1.0],
+            }
+        ],
+        "baseline_model": LARGE,
+        "log_prompts": False,
+    }
+    assert 0 < acme["effective"]["threshold"] < 1
+    globex = listed["globex"]["effective"]
+    assert globex["threshold"] == 0.35 and globex["weight"] == 1.0
+    assert globex["requests_per_minute"] is None and globex["budgets"] == []
+    # a run-time tenant's: the same shape, its monthly_budget_usd folded into its budgets
+    umbrella = listed["umbrella"]["effective"]
+    assert set(umbrella) == set(acme["effective"])
+    assert umbrella["weight"] == 2.0 and [b["name"] for b in umbrella["budgets"]] == ["monthly"]
+
+    # never a key, its variable or a hash
+    text = response.text
+    for secret in (*DEV_KEYS, "key_env", "dev_key", "TIERGATE_KEY", "digest", "salt"):
+        assert secret not in text, secret
+
+    one = await admin_client.get("/v1/admin/tenants/acme", headers=ADMIN)
+    assert one.status_code == 200 and one.json() == acme
+    for method in ("patch", "delete"):
+        refused = await admin_client.request(
+            method, "/v1/admin/tenants/acme", json={"weight": 1}, headers=ADMIN
+        )
+        assert refused.status_code == 409, refused.text
+        assert "config file" in refused.json()["error"]["message"]
+
+
+async def test_effective_follows_a_change(admin_client: httpx.AsyncClient) -> None:
+    await _create(admin_client, "umbrella", requests_per_minute=5)
+    patched = await admin_client.patch(
+        "/v1/admin/tenants/umbrella", json={"requests_per_minute": 600}, headers=ADMIN
+    )
+    assert patched.json()["effective"]["requests_per_minute"] == 600
+    listed = await admin_client.get("/v1/admin/tenants", headers=ADMIN)
+    (umbrella,) = [t for t in listed.json()["data"] if t["name"] == "umbrella"]
+    assert umbrella["effective"]["requests_per_minute"] == 600
 
 
 async def test_no_tenant_key_sees_any_tenant(admin_client: httpx.AsyncClient) -> None:

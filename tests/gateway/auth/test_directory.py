@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.accounting import PriceBook
+from gateway.api.tenant_views import config_view, effective_view, runtime_view
 from gateway.auth.directory import TenantDirectory
 from gateway.auth.tenant_changes import TenantChanges
 from gateway.auth.tenants import TenantProfile, TenantRecord
@@ -191,3 +192,18 @@ def test_changes_name_exactly_the_profile_fields() -> None:
         ],
     }
     assert TenantChanges().given() == {}
+
+
+def test_admin_views_read_the_directory() -> None:
+    settings = _settings()
+    directory = _directory(settings)
+    records = _records(acme={"weight": 9}, umbrella={"weight": 2})
+    acme_row, umbrella = records["acme"], records["umbrella"]
+    assert runtime_view(settings, directory, umbrella)["effective"] is None  # not loaded yet
+    directory.replace(records)
+    assert runtime_view(settings, directory, umbrella)["effective"]["weight"] == 2.0
+    assert runtime_view(settings, directory, acme_row)["effective"] is None  # the config's wins
+    acme = config_view(settings, directory, "acme")
+    assert acme["effective"]["weight"] == 3.0 and acme["effective"]["requests_per_minute"] == 10
+    assert acme["effective"]["baseline_model"] == LARGE and "key_env" not in acme
+    assert effective_view(settings, {}, "acme") is None  # not a directory: nothing to show
