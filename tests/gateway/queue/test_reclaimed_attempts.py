@@ -354,3 +354,30 @@ async def test_a_stream_taken_over_after_its_first_chunk_books_what_vllm_reporte
     assert lost.completion_tokens <= 1
     assert second.cost_micro_usd == cost(lost) > 0
     assert second.estimated_micro_usd is None
+
+
+async def test_a_job_taken_over_after_its_hosted_call_was_sent_books_that_call(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    sims: tuple[CountingSim, CountingSim],
+) -> None:
+    """The note written before the hosted call was sent names it in flight; a worker that died
+    after it (here: the run ended without booking, as a killed one would) leaves that note. The
+    run that takes the job over books the call from estimates, flagged, then its own answer."""
+    vllm, hosted = sims
+    keys = RedisKeys(key_prefix)
+    the_job = mixed_job(f"req_{uuid.uuid4().hex}", (HOSTED,))
+    async with aiohttp.ClientSession() as session:
+        pool = mixed_pool(redis_conn, keys, vllm.url, hosted.url, session, "w1")
+        try:
+            await executor(redis_conn, keys, pool).run(the_job, ignore)  # never booked
+            second = await executor(redis_conn, keys, pool).run(the_job, ignore, reclaimed=True)
+        finally:
+            await pool.aclose()
+    assert second.outcome == "ok"
+    assert calls(second) == [(HOSTED, "worker_lost", True), (HOSTED, "ok", False)]
+    lost, ok = second.attempts
+    assert (lost.prompt_tokens, lost.completion_tokens) == (edge_estimate(the_job), 0)
+    assert second.prompt_tokens == lost.prompt_tokens + ok.prompt_tokens
+    assert second.cost_micro_usd == cost(lost, ok) > cost(ok)
+    assert second.estimated_micro_usd == cost(lost) > 0
