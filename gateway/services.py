@@ -54,6 +54,7 @@ from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.executor import Executor
 from gateway.queue.keys import RedisKeys
 from gateway.queue.load import LoadScraper
+from gateway.queue.notes import RunNotes
 from gateway.queue.pool import BackendPool, Replica
 from gateway.queue.replies import ReplyRouter
 from gateway.queue.setup import (
@@ -357,6 +358,7 @@ async def open_services(
                 faults=tier_faults(settings.fallback),
                 continuation=settings.fallback.continuation,
                 stream_marks=StreamMarks(redis, settings.redis.key_prefix, coalescer=coalescer),
+                run_notes=RunNotes(redis, redis_keys, keep_s=claim_ttl),
                 inflight=inflight,
                 tracing=tracing,
             )

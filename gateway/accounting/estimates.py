@@ -27,6 +27,10 @@ A call the provider refused (an HTTP error), that never connected, or that was n
 booked nothing, as before: no provider bills it. Nor is a call to vLLM that timed out or was
 cancelled before its first chunk: no invoice comes from our own GPUs, whose hours the daily
 true-up charges in full anyway (docs/costs.md).
+
+A call still in flight when its worker died is booked by the run that takes the job over, from
+what the dead run's note says about it (``gateway.queue.notes``; ``interrupted``): the same
+rules, with what the note knows in place of what the dead worker knew.
 """
 
 from __future__ import annotations
@@ -37,7 +41,14 @@ from typing import Any
 from backends.types import Usage
 from router.features import estimate_tokens, message_text
 
-__all__ = ["STOPPED_WAITING", "billed_without_usage", "estimate", "output_text"]
+__all__ = [
+    "INTERRUPTED",
+    "STOPPED_WAITING",
+    "billed_without_usage",
+    "estimate",
+    "interrupted",
+    "output_text",
+]
 
 STOPPED_WAITING = frozenset({"timeout", "cancelled"})
 """Outcomes where the gateway stopped waiting rather than the provider answering: a call sent to
@@ -49,6 +60,39 @@ def billed_without_usage(outcome: str, *, external: bool, sent: bool, answered: 
     (a chunk or an answer arrived), or it was ``sent`` to a hosted (``external``) API and the
     gateway stopped waiting for it (``STOPPED_WAITING``)."""
     return answered or (sent and external and outcome in STOPPED_WAITING)
+
+
+INTERRUPTED = "worker_lost"
+"""The outcome of a call that was in flight when its worker died: how it ended is unknown."""
+
+
+def interrupted(
+    body: Mapping[str, Any], *, external: bool, usage: Usage | None, pieces: int
+) -> tuple[Usage | None, bool]:
+    """What a call in flight when its worker died is booked, and whether it is an estimate.
+    ``usage``: the last usage the backend reported that the dead run's note kept (a vLLM
+    stream's first chunk); ``pieces``: the content chunks it had relayed by then.
+
+    - **A hosted API's call** was sent (a note names it only once it is about to be) and the
+      provider bills it whatever became of the worker: the prompt estimate (or the prompt it
+      reported) and, for completion, the larger of what it reported and the chunks known to
+      have been relayed (0 for a call with no chunk: unknown, the provider may have generated
+      the whole answer); flagged, as for a hosted call the gateway stopped waiting for.
+    - **A vLLM call**: vLLM aborts a request when its connection closes, and the dead worker's
+      connections closed with its process, so generation stopped there. What it computed is
+      GPU time, which no provider invoices and the daily true-up charges to the pool in full;
+      so it is booked as any vLLM call cut without usage is: the usage vLLM reported that the
+      note kept (its own count, up to the stream's first chunk: the prompt exactly), else
+      nothing. Not flagged: the flag tells finance to reconcile a row with an invoice, and there
+      is none. An estimate here would move true-up shares between tenants on a guess (a prompt
+      the prefix cache served, a request still waiting in vLLM's queue cost the pool next to
+      nothing), and feed the pool's rolling rate with tokens nobody measured.
+    """
+    if external:
+        prompt = usage.prompt_tokens if usage is not None else estimate(body).prompt_tokens
+        completion = max(usage.completion_tokens if usage is not None else 0, pieces)
+        return Usage(prompt, completion), True
+    return usage, False
 
 
 def estimate(body: Mapping[str, Any], texts: Iterable[str] = (), pieces: int = 0) -> Usage:

@@ -13,6 +13,9 @@ first chunk leaves for an edge in another process; when the edge is in this proc
 queued on the coalescer (``wait=False``) after the chunk is handed over: the client's connection
 lives in this process, so if it dies before the mark is written there is no client left to
 repeat text to (the reclaimed run is then run again and booked, not booked as broken).
+
+A mark can carry another command in its round trip (``also``): the run's note of its calls
+(``gateway.queue.notes``), which the stream's first chunk updates at no cost of its own.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from __future__ import annotations
 import logging
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from gateway.coalescer import Coalescer
+from gateway.coalescer import Coalescer, Command
 
 __all__ = ["StreamMarks"]
 
@@ -40,17 +44,29 @@ class StreamMarks:
     def _key(self, request_id: str) -> str:
         return f"{self._prefix}:{{req:{request_id}}}:stream-started"
 
-    async def mark(self, request_id: str, ttl_s: float, *, wait: bool = True) -> None:
+    async def mark(
+        self, request_id: str, ttl_s: float, *, wait: bool = True, also: Command | None = None
+    ) -> None:
         """Set the mark; ``wait=False`` queues it on the coalescer (if there is one) and
-        returns at once."""
+        returns at once. ``also``: a command sent with it (in one pipeline: no round trip of
+        its own), before it."""
         key, ex = self._key(request_id), max(int(ttl_s), 1)
+
+        def commands(pipe: Pipeline) -> None:
+            if also is not None:
+                also(pipe)
+            pipe.set(key, b"1", ex=ex)
+
         if not wait and self._coalescer is not None and not self._coalescer.closed:
-            self._coalescer.send_nowait(
-                lambda p: p.set(key, b"1", ex=ex), f"stream mark of {request_id}"
-            )
+            self._coalescer.send_nowait(commands, f"stream mark of {request_id}")
             return
         try:
-            await self._redis.set(key, b"1", ex=ex)
+            if also is None:
+                await self._redis.set(key, b"1", ex=ex)
+                return
+            async with self._redis.pipeline(transaction=False) as pipe:
+                commands(pipe)
+                await pipe.execute()
         except RedisError as exc:
             log.warning("cannot mark stream %s as started: %r", request_id, exc)
 

@@ -8,7 +8,9 @@ One call (or one deployment skipped because its circuit breaker is open) is:
   the next, or a ``continuation`` of a stream that broke;
 - one count in the attempts metric, by deployment and outcome;
 - one outcome for the deployment's circuit breaker (``gateway.faults.breaker``): successes, and
-  the retryable failures (a rejected request is the request's fault, not the deployment's).
+  the retryable failures (a rejected request is the request's fault, not the deployment's);
+- where it leaves the common path (it failed, it goes to a hosted API, the job is handed back),
+  the run's note in Redis (``gateway.queue.notes``), which a run that takes the job over books.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from backends.errors import BackendError
 from backends.types import Usage
 from gateway.faults.breaker import BreakerState, RedisBreaker
 from gateway.observability.tracing import Tracing
+from gateway.queue.notes import InFlight, RunNotes
 from gateway.queue.run import Run
 from router.catalog import Catalog
 
@@ -48,11 +51,13 @@ class Attempts:
         breaker: RedisBreaker | None,
         metric: AttemptCounter | None,
         tracing: Tracing,
+        notes: RunNotes | None = None,
     ) -> None:
         self._catalog = catalog
         self._breaker = breaker
         self._metric = metric
         self._tracing = tracing
+        self._notes = notes
 
     async def allowed(self, run: Run, deployment: str) -> bool:
         """Whether ``deployment``'s breaker lets a call through; a skip is an attempt
@@ -75,12 +80,16 @@ class Attempts:
         resumed: bool = False,
         estimated: bool = False,
     ) -> bool:
-        """Record a failed call; whether the deployment's breaker is open now."""
+        """Record a failed call, and note it (a retry, the next deployment or the error
+        follows: slower than the note's round trip); whether the deployment's breaker is open
+        now."""
         self.record(
             run, deployment, exc.kind, started, usage, str(exc),
             server=server, resumed=resumed, estimated=estimated,
         )  # fmt: skip
         self._count(deployment, exc.kind)
+        if self._notes is not None:
+            await self._notes.save(run)
         if self._breaker is None or not exc.retryable:
             return False
         return await self._breaker.record(deployment, ok=False) is BreakerState.OPEN
@@ -125,6 +134,18 @@ class Attempts:
             input_tokens=usage.prompt_tokens if usage else 0,
             output_tokens=usage.completion_tokens if usage else 0,
         )
+
+    async def calling(self, run: Run, deployment: str, started: float) -> None:
+        """A call to a hosted API is about to be sent: note it in flight first, since from then
+        on its provider bills it, whatever becomes of this worker."""
+        if self._notes is not None:
+            await self._notes.save(run, InFlight(deployment, started))
+
+    async def handed_back(self, run: Run) -> None:
+        """The worker hands the job back at shutdown (its calls are recorded, the interrupted
+        one as cancelled): note them for the worker that takes the job over."""
+        if self._notes is not None and run.attempts:
+            await self._notes.save(run)
 
     async def succeeded(self, deployment: str) -> None:
         """Count a call that answered, and tell its breaker."""

@@ -1,25 +1,26 @@
 """What a run is billed: its ledger entry, and the route and cost its replies carry.
 
 ``Billing`` turns a ``Run`` (``gateway.queue.run``) into the ledger row of its job: outcome,
-tokens and the attempts they came from, the cost of every attempt that produced tokens and the
-same tokens priced at the tenant's baseline model (integer micro-dollars; ``None`` where a
-price is unknown, flagged and never booked as zero), the part of the cost priced from estimated
-usage (``gateway.accounting.estimates``), timings, and the downgrade tag
-(``gateway.faults.chains``) when a lower tier than planned served the answer. The replies carry
-the same figures: the route with a stream's first chunk (its headers), cost and tokens with the
-answer or the stream's end.
+tokens and the attempts they came from (with those of the runs before it: a job taken over from
+a worker that died or handed it back books what that worker did, ``gateway.queue.notes``), the
+cost of every attempt that produced tokens and the same tokens priced at the tenant's baseline
+model (integer micro-dollars; ``None`` where a price is unknown, flagged and never booked as
+zero), the part of the cost priced from estimated usage (``gateway.accounting.estimates``),
+timings, and the downgrade tag (``gateway.faults.chains``) when a lower tier than planned
+served the answer. The replies carry the same figures: the route with a stream's first chunk
+(its headers), cost and tokens with the answer or the stream's end.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
 from backends.types import Usage
-from gateway.accounting.records import LedgerEntry, to_micro
+from gateway.accounting.records import Attempt, LedgerEntry, to_micro
 from gateway.faults.chains import DOWNGRADE_TAG, is_downgrade
 from gateway.queue.jobs import Job
 from gateway.queue.run import Run
@@ -54,7 +55,8 @@ class Billing:
     def entry(self, run: Run, outcome: str, status: int) -> LedgerEntry:
         job = run.job
         now = time.time()
-        cost, baseline, known, estimated = self._costs(job, run)
+        attempts = run.booked()
+        cost, baseline, known, estimated = self._costs(job, attempts)
         spec = self._catalog.get(run.deployment) if run.deployment else None
         tags = (*job.tags, DOWNGRADE_TAG) if run.downgraded else job.tags
         return LedgerEntry(
@@ -72,20 +74,22 @@ class Billing:
             stream=job.stream,
             app=job.app,
             tags=tags,
-            prompt_tokens=sum(u.prompt_tokens for u in run.usage_total),
-            completion_tokens=sum(u.completion_tokens for u in run.usage_total),
+            prompt_tokens=sum(a.prompt_tokens for a in attempts),
+            completion_tokens=sum(a.completion_tokens for a in attempts),
             cost_micro_usd=cost,
             baseline_micro_usd=baseline,
             price_known=known,
             latency_ms=(now - job.received_at) * 1000,
             ttft_ms=None if run.ttft_at is None else (run.ttft_at - job.received_at) * 1000,
             queue_ms=(run.picked_at - job.enqueued_at) * 1000,
-            attempts=tuple(run.attempts),
+            attempts=attempts,
             idempotency_key=None if job.stream else job.idempotency_key,  # it ran under the key
             estimated_micro_usd=estimated,
         )
 
-    def _costs(self, job: Job, run: Run) -> tuple[int | None, int | None, bool, int | None]:
+    def _costs(
+        self, job: Job, attempts: Sequence[Attempt]
+    ) -> tuple[int | None, int | None, bool, int | None]:
         """Cost and baseline of every attempt that produced tokens, in micro-dollars; ``None``
         where a price is unknown (flagged, never booked as zero). Then whether the price is
         known, and the part of the cost priced from estimated tokens (``None``: no estimate;
@@ -94,7 +98,7 @@ class Billing:
         baseline: Decimal | None = Decimal(0)
         estimated: Decimal | None = None
         baseline_model = self._baselines.get(job.tenant)
-        for attempt in run.attempts:
+        for attempt in attempts:
             if not (attempt.prompt_tokens or attempt.completion_tokens):
                 continue
             usage = Usage(attempt.prompt_tokens, attempt.completion_tokens)

@@ -24,7 +24,12 @@ served by a lower tier than planned is flagged as a downgrade (``gateway.faults.
 A job whose client went away is ``abandon``ed and its task cancelled: the backend call is
 aborted (vLLM stops generating when its connection closes), and the job ends with outcome
 ``client_disconnected`` (499), billed for the tokens that reached us before (a hosted API's call:
-estimated, as above).
+estimated, as above). A job cancelled otherwise is being handed back at shutdown: its calls,
+the interrupted one booked as cancelled, are noted for the worker that takes it over.
+
+A job may run more than once (its worker died, or handed it back): each run notes its calls in
+Redis where it leaves the common path (``gateway.queue.notes``), and a reclaimed run reads the
+note first and books those calls in its own row, so the one row of the request has them all.
 
 This module walks the chain (breakers, retry policy, deadline, continuation) and ends the run;
 its parts live beside it: the run's record (``gateway.queue.run``), each call booked in the
@@ -63,6 +68,7 @@ from gateway.observability.tracing import Tracing
 from gateway.queue.attempts import AttemptCounter, Attempts, provider_of
 from gateway.queue.billing import Billing, PriceLookup
 from gateway.queue.jobs import Emit, Job, Reply
+from gateway.queue.notes import RunNotes
 from gateway.queue.pool import BackendPool
 from gateway.queue.run import Run
 from gateway.queue.stream_relay import Streamed, StreamRelay
@@ -105,7 +111,10 @@ class Executor:
         stream_marks: StreamMarks | None = None,
         tracing: Tracing | None = None,
         inflight: InflightCalls | None = None,
+        run_notes: RunNotes | None = None,
     ) -> None:
+        """``run_notes``: where runs note their calls for a run that takes their job over
+        (``None``: a job run again books only its last run's calls)."""
         self._pool = pool
         self._catalog = catalog
         self._faults = dict(faults or {})
@@ -115,10 +124,15 @@ class Executor:
         self._tracing = tracing or Tracing.off()
         self._inflight = inflight or InflightCalls()
         self._billing = Billing(prices, catalog, baselines)
+        self._notes = run_notes
         self._attempts = Attempts(
-            catalog, breaker=breaker, metric=attempts_metric, tracing=self._tracing
+            catalog,
+            breaker=breaker,
+            metric=attempts_metric,
+            tracing=self._tracing,
+            notes=run_notes,
         )
-        self._relay = StreamRelay(self._billing, stream_marks)
+        self._relay = StreamRelay(self._billing, stream_marks, run_notes)
         self._abandoned: set[str] = set()
 
     def abandon(self, request_id: str) -> None:
@@ -143,7 +157,9 @@ class Executor:
             return await self._run(run, emit)
         except asyncio.CancelledError:
             if job.request_id not in self._abandoned:
-                raise  # shutting down: the worker hands the job back
+                # Shutting down: the worker hands the job back, its calls noted for the next.
+                await self._attempts.handed_back(run)
+                raise
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
@@ -154,6 +170,11 @@ class Executor:
 
     async def _run(self, run: Run, emit: Emit) -> LedgerEntry:
         job = run.job
+        if run.reclaimed and self._notes is not None:
+            # Before anything else: however this run ends, its row books the earlier runs' calls.
+            note = await self._notes.read(job.request_id)
+            if note is not None:
+                run.carried = note.booked(job.body, external=self._external)
         if run.picked_at >= job.deadline:
             error: GatewayError = DeadlineExceeded(
                 "the request could not start before its deadline"
@@ -213,11 +234,13 @@ class Executor:
             async with self._pool.lease(deployment, affinity=run.job.conversation) as backend:
                 server = backend.address if self._tracing.enabled else None
                 request = self._request(run.job, body, deployment, started, tier)
+                if self._external(deployment):
+                    await self._attempts.calling(run, deployment, started)
                 async with self._inflight.watching(deployment):  # ended if it is drained
                     sent = True
                     response = await backend.chat(request)
         except asyncio.CancelledError:
-            why = "cancelled during the call"
+            why = self._why_cancelled(run, "call")
             usage, guess = self._unanswered(deployment, body, "cancelled", sent)
             self._attempts.record(
                 run, deployment, "cancelled", started, usage, why, server=server, estimated=guess
@@ -311,10 +334,12 @@ class Executor:
                 ) as it,
             ):
                 server = backend.address if self._tracing.enabled else None
+                if got.external:
+                    await self._attempts.calling(run, deployment, started)
                 await self._relay.relay(run, emit, deployment, it, delivered, got)
         except asyncio.CancelledError:
             # What it delivered before the call was aborted.
-            why = "cancelled during the stream"
+            why = self._why_cancelled(run, "stream")
             usage, guess = got.billed("cancelled")
             self._attempts.record(
                 run, deployment, "cancelled", started, usage, why,
@@ -402,6 +427,12 @@ class Executor:
         for deployment in candidates:
             if deployment in skipped:
                 yield deployment, True
+
+    def _why_cancelled(self, run: Run, what: str) -> str:
+        """A call is cancelled because its client went away, or the worker is shutting down."""
+        if run.job.request_id in self._abandoned:
+            return f"cancelled during the {what}"
+        return f"handed back at shutdown during the {what}"
 
     def _external(self, deployment: str) -> bool:
         """Served by a hosted API, which bills us (``DeploymentSpec.external``)."""

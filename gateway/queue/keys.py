@@ -3,8 +3,9 @@
 Keys carry a hash tag (``{…}``) so that a Redis Cluster keeps the keys one operation touches in
 one slot: everything one tier's scripts touch (its lanes, tenant streams, depth counters,
 doorbell, idle workers, replica slot leases, the claims of its requests) shares the tag
-``{q:<tier>}``. ``prefix`` isolates deployments
-(and tests) sharing one Redis.
+``{q:<tier>}``; what is kept about one request across the runs of its job (its stream mark,
+``gateway.faults.marks``, and its run note) shares ``{req:<request id>}``. ``prefix`` isolates
+deployments (and tests) sharing one Redis.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ class RedisKeys:
         """Who owns a request's outcome: the worker that started it, or the edge that gave up.
         In the tier's slot, so that the enqueue script can take it for an idle worker."""
         return f"{self.tier_tag(tier)}:claim:{request_id}"
+
+    def run_note(self, request_id: str) -> str:
+        """What a run of a request's job did so far, for the run that takes the job over
+        (``gateway.queue.notes``). Beside its stream mark, in the request's own slot."""
+        return f"{self.prefix}:{{req:{request_id}}}:run"
 
     @property
     def ledger_events(self) -> str:

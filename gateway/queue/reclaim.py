@@ -8,7 +8,8 @@ once names its worker in the entry instead of a claim key). A claim held by the
 edge (the deadline passed) is acknowledged and dropped; a claim of a live worker is left alone.
 The ledger is idempotent by request id and the edge relays only the first final reply, so a job
 run twice (its first worker died after answering, before acknowledging) is still answered and
-booked once.
+booked once. The run that finishes a job taken over books the calls of the runs before it too,
+from the note they left (``gateway.queue.notes``).
 """
 
 from __future__ import annotations

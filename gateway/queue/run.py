@@ -1,9 +1,10 @@
 """One job's run: what happened while the executor served it.
 
 The executor keeps one ``Run`` per job it serves: every backend call so far (each an ``Attempt``
-of the ledger row, with the tokens it is booked), the time spent in backends, when the
-stream's first chunk left, and the deployment that answered. The ledger entry and the figures
-the replies carry are built from it (``gateway.queue.billing``).
+of the ledger row, with the tokens it is booked), the attempts of the runs before it (a job
+taken over from a worker that died or handed it back, ``gateway.queue.notes``), the time spent
+in backends, when the stream's first chunk left, and the deployment that answered. The ledger
+entry and the figures the replies carry are built from it (``gateway.queue.billing``).
 """
 
 from __future__ import annotations
@@ -29,13 +30,20 @@ class Run:
     local: bool = False
     """The client waits in this process (a job started at once): nothing crosses Redis."""
     attempts: list[Attempt] = field(default_factory=list)
-    usage_total: list[Usage] = field(default_factory=list)
+    """This run's calls. The executor's decisions (breakers skipped, the error's message) read
+    only these: an earlier run's calls were made by another worker, maybe long ago."""
+    carried: tuple[Attempt, ...] = ()
+    """The calls of the runs before this one, from their note: booked in this run's row."""
     backend_s: float = 0.0
     attempt_at: float = 0.0
     """When the current backend attempt started (``time.time()``)."""
     ttft_at: float | None = None
     deployment: str | None = None
     downgraded: bool = False
+
+    def booked(self) -> tuple[Attempt, ...]:
+        """Every call the job's ledger row books: the earlier runs', then this one's."""
+        return (*self.carried, *self.attempts)
 
     def record(
         self,
@@ -59,5 +67,3 @@ class Run:
                 estimated=estimated,
             )
         )
-        if usage is not None:
-            self.usage_total.append(usage)

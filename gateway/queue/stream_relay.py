@@ -5,8 +5,10 @@ sent, content tokens, the last usage it reported, the text of a hosted API's chu
 report no usage until the end) and in the stream's ``Delivered`` (the answer so far, which a
 continuation resumes: ``gateway.faults.continuation``), then handed to ``emit``. The stream's
 first chunk carries the route (the client's headers) and marks the stream as started
-(``gateway.faults.marks``). A continuation drops its opening role-only chunk and sends its
-chunks under the first completion's id, so the client sees one answer.
+(``gateway.faults.marks``); the mark's round trip also carries the run's note
+(``gateway.queue.notes``): this stream in flight, with the usage its first chunk reported, for a
+run that takes the job over should this worker die. A continuation drops its opening role-only
+chunk and sends its chunks under the first completion's id, so the client sees one answer.
 
 ``StreamRelay.relay`` is the per-chunk hot path: keep it tight (one ``emit`` per chunk and no
 other await, task or call beyond the chunk's bookkeeping; the mark is written once, with the
@@ -26,6 +28,7 @@ from gateway.faults.continuation import Delivered, is_role_only
 from gateway.faults.marks import StreamMarks
 from gateway.queue.billing import Billing
 from gateway.queue.jobs import Emit, Reply
+from gateway.queue.notes import InFlight, RunNotes
 from gateway.queue.run import Run
 
 __all__ = ["StreamRelay", "Streamed"]
@@ -66,11 +69,15 @@ class Streamed:
 
 
 class StreamRelay:
-    """Relays streamed attempts to their clients; ``marks``: stream marks for reclaimed runs."""
+    """Relays streamed attempts to their clients; ``marks``: stream marks for reclaimed runs;
+    ``notes``: run notes, written with the marks."""
 
-    def __init__(self, billing: Billing, marks: StreamMarks | None) -> None:
+    def __init__(
+        self, billing: Billing, marks: StreamMarks | None, notes: RunNotes | None = None
+    ) -> None:
         self._billing = billing
         self._marks = marks
+        self._notes = notes
 
     async def relay(
         self,
@@ -99,7 +106,7 @@ class StreamRelay:
                     data = {**data, "id": delivered.completion_id}
             got.produced += delivered.add(data)
             if run.ttft_at is None:
-                await self._first_chunk(run, emit, deployment, data)
+                await self._first_chunk(run, emit, deployment, data, got)
             else:
                 if got.sent == 0:
                     self._billing.served(run, deployment)
@@ -107,19 +114,25 @@ class StreamRelay:
             got.sent += 1
 
     async def _first_chunk(
-        self, run: Run, emit: Emit, deployment: str, data: dict[str, Any]
+        self, run: Run, emit: Emit, deployment: str, data: dict[str, Any], got: Streamed
     ) -> None:
         """The stream's first chunk to the client: it carries the route (headers)."""
         job = run.job
         run.ttft_at = time.time()
         self._billing.served(run, deployment)
         ttl_s = job.deadline - run.ttft_at + 60
+        note = None
+        if self._notes is not None and self._marks is not None:
+            note = self._notes.command(
+                run, InFlight(deployment, run.attempt_at, got.usage, got.produced)
+            )
         if self._marks is not None and not run.local:
-            await self._marks.mark(job.request_id, ttl_s)  # before the chunk leaves the process
+            # Before the chunk leaves the process.
+            await self._marks.mark(job.request_id, ttl_s, also=note)
         # Backend time to this first chunk: earlier failed attempts, and this one so far.
         backend_ms = (run.backend_s + run.ttft_at - run.attempt_at) * 1000
         meta = {**self._billing.route_meta(run), "backend_ms": backend_ms}
         await emit(Reply(job.request_id, "chunk", data, meta))
         if self._marks is not None and run.local:
             # The client is in this process: queued after the chunk, whose relay goes first.
-            await self._marks.mark(job.request_id, ttl_s, wait=False)
+            await self._marks.mark(job.request_id, ttl_s, wait=False, also=note)

@@ -1,7 +1,7 @@
 """A worker that dies while it streams: the job is reclaimed by another worker, which must not
 start the answer over (the client would see its beginning twice) but end the stream with an
-explicit error event. Edge and workers as separate processes; slow (the reclaim waits for the
-dead worker's entry to go idle, 15 s)."""
+explicit error event; its row books the dead worker's stream. Edge and workers as separate
+processes; slow (the reclaim waits for the dead worker's entry to go idle, 15 s)."""
 
 from __future__ import annotations
 
@@ -107,6 +107,11 @@ async def test_stream_whose_worker_dies_ends_with_an_error_not_a_repeat(
         assert len([t for t in text if t]) < 40
         entry = await wait_entry(database_url, request_id, timeout_s=30)
         assert entry.outcome == "stream_error"
+        # The dead worker's stream is booked: its mark carried the run's note, with the usage
+        # of its first chunk (vLLM's count of the prompt); GPU work, so not flagged.
+        (lost,) = entry.attempts
+        assert (lost.deployment, lost.outcome, lost.estimated) == (SMALL, "worker_lost", False)
+        assert entry.prompt_tokens == lost.prompt_tokens > 0
     finally:
         first.stop()
         if second is not None:
