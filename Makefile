@@ -32,8 +32,13 @@ typecheck: setup
 
 check: lint typecheck
 
+# The default suite on TEST_WORKERS processes (pytest-xdist; a test file stays on one worker, so
+# its module-scoped servers start once). Most of a test's time is spent waiting on the servers it
+# starts, so even 2 cores run 2 workers well; TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+
 test: check
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup
 	$(BIN)/python -m pytest -m slow -q

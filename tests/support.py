@@ -41,7 +41,7 @@ TEST_KEYS = {
 
 def fuzz_examples(full: int) -> int:
     """How many generated examples a slow fuzz or property test runs: ``full`` times
-    ``TIERGATE_FUZZ_SCALE`` (default 1; ``.ci/run`` lowers it to fit CI's time), at least 1."""
+    ``TIERGATE_FUZZ_SCALE`` (default 1; lower it for a shorter pass), at least 1."""
     return max(1, round(full * float(os.environ.get("TIERGATE_FUZZ_SCALE", "1"))))
 
 
