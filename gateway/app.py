@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import dashboard
 from gateway.api import admin_keys, admin_tenants, chat, explain, health, models, reports, rules
+from gateway.api.error_docs import drop_validation_422
 from gateway.api.errors import install_error_handlers
 from gateway.auth.access import PUBLIC, access
 from gateway.observability.tracing import TracingMiddleware
@@ -57,6 +58,7 @@ def create_app(
         telemetry=_NO_NATIVE_TELEMETRY,
     )
     install_error_handlers(app)
+    drop_validation_422(app)
     traced = (
         services.tracing.enabled
         if services is not None
@@ -87,6 +89,7 @@ def create_admin_app(services: Services) -> FastAPI:
     )
     app.state.services = services
     install_error_handlers(app)
+    drop_validation_422(app)
 
     @app.get("/metrics", dependencies=[access(PUBLIC)])
     async def metrics() -> Response:

@@ -14,12 +14,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.api.admin_tenants import admin_of
 from gateway.api.deps import ServicesDep
+from gateway.api.error_docs import refusals
 from gateway.auth.access import ADMIN, access
 from gateway.auth.store import IssuedKey
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/admin/keys", dependencies=[access(ADMIN)], tags=["admin"])
+router = APIRouter(
+    prefix="/v1/admin/keys",
+    dependencies=[access(ADMIN)],
+    tags=["admin"],
+    responses=refusals(400, 404, 409),
+)
 
 
 class KeyCreate(BaseModel):

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from gateway.api.deps import ServicesDep
+from gateway.api.error_docs import refusals
 from gateway.api.tenant_views import config_view, runtime_view
 from gateway.auth.access import ADMIN, access
 from gateway.auth.admin import AuthAdmin
@@ -22,7 +23,12 @@ from gateway.services import Services
 
 __all__ = ["admin_of", "router"]
 
-router = APIRouter(prefix="/v1/admin/tenants", dependencies=[access(ADMIN)], tags=["admin"])
+router = APIRouter(
+    prefix="/v1/admin/tenants",
+    dependencies=[access(ADMIN)],
+    tags=["admin"],
+    responses=refusals(400, 404, 409),
+)
 
 
 class TenantCreate(TenantProfile):

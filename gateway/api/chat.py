@@ -15,6 +15,7 @@ from gateway.api.admission import admit, read_body
 from gateway.api.booking import book_refusal
 from gateway.api.deps import ServicesDep
 from gateway.api.disconnect import first_unless_gone
+from gateway.api.error_docs import refusals
 from gateway.api.openapi import chat_request_openapi
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
 from gateway.api.routing import plan_request
@@ -32,7 +33,7 @@ from router.plan import RoutePlan
 
 __all__ = ["router"]
 
-router = APIRouter()
+router = APIRouter(responses=refusals(400, 404, 409, 413, 429, 502, 504))
 log = logging.getLogger(__name__)
 
 

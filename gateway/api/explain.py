@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from gateway.api.admission import admit, read_body
 from gateway.api.deps import ServicesDep
+from gateway.api.error_docs import refusals
 from gateway.api.routing import live_signals, plan_request
 from gateway.auth.access import ADMIN, RULES, TENANT, access
 from gateway.auth.principals import Principal
@@ -18,7 +19,7 @@ from gateway.services import Services
 
 __all__ = ["explained_tenant", "router"]
 
-router = APIRouter()
+router = APIRouter(responses=refusals(400, 404, 413))
 
 
 def explained_tenant(services: Services, principal: Principal, tenant: str | None) -> str:

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 
 from gateway.api.deps import ServicesDep
+from gateway.api.error_docs import refusals
 from gateway.auth.access import AUTHENTICATED, access
 from gateway.auth.principals import Principal
 from gateway.errors import PermissionDenied
@@ -14,7 +15,7 @@ from router.catalog import Tier
 
 __all__ = ["router"]
 
-router = APIRouter()
+router = APIRouter(responses=refusals())
 
 
 @router.get("/v1/models")

@@ -20,13 +20,14 @@ from gateway.accounting.records import MICRO
 from gateway.accounting.reports import GROUP_KEYS, cost_report, render_csv, render_json
 from gateway.accounting.whatif import render_what_if, what_if
 from gateway.api.deps import ServicesDep
+from gateway.api.error_docs import refusals
 from gateway.auth.access import ADMIN, FINANCE, TENANT, access
 from gateway.auth.principals import Principal
 from gateway.errors import InvalidRequest, PermissionDenied
 
 __all__ = ["report_scope", "router"]
 
-router = APIRouter()
+router = APIRouter(responses=refusals(400))
 
 
 def report_scope(principal: Principal, requested: str | None) -> str | None:

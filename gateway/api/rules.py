@@ -14,6 +14,7 @@ from fastapi import APIRouter, Path, Request
 
 from gateway.api.admission import read_body
 from gateway.api.deps import ServicesDep
+from gateway.api.error_docs import refusals
 from gateway.auth.access import ADMIN, RULES, TENANT, access
 from gateway.auth.principals import Principal
 from gateway.errors import InvalidRequest, ModelNotFound, PermissionDenied, ServiceUnavailable
@@ -24,7 +25,7 @@ from router.rules import MAX_RULE_BYTES, RulesInvalid
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/rules", tags=["rules"])
+router = APIRouter(prefix="/v1/rules", tags=["rules"], responses=refusals(400, 404))
 
 Reader = Annotated[Principal, access(TENANT, RULES, ADMIN)]
 Writer = Annotated[Principal, access(RULES, ADMIN)]

@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.api.error_docs import ErrorResponse
 from tests.e2e.conftest import Stack
 from tests.e2e.ledger import wait_entry
 
@@ -35,6 +36,10 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
     assert error["code"] == code
     assert error["message"]
     assert error["type"]
+    ErrorResponse.model_validate(response.json())  # the body the schema documents
+    schema = httpx.get(str(response.request.url.copy_with(path="/openapi.json"))).json()
+    route = schema["paths"][response.request.url.path][response.request.method.lower()]
+    assert str(status) in route["responses"], f"{status} is not in the route's OpenAPI answers"
     return dict(error)
 
 

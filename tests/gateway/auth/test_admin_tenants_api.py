@@ -193,6 +193,10 @@ async def test_openapi_publishes_the_bodies(admin_client: httpx.AsyncClient) -> 
         "patch": "#/components/schemas/TenantChanges",
         "post": "#/components/schemas/TenantCreate",
     }
+    assert '"422"' not in json.dumps(schema)  # refusals are 400s with the error body
+    assert body_of["patch"]["responses"]["409"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorResponse"
+    }
     components = schema["components"]["schemas"]
     changes = components["TenantChanges"]
     assert changes["additionalProperties"] is False and "required" not in changes
