@@ -14,6 +14,7 @@ from gateway import dashboard
 from gateway.api import admin_keys, admin_tenants, chat, explain, health, models, reports, rules
 from gateway.api.error_docs import drop_validation_422
 from gateway.api.errors import install_error_handlers
+from gateway.api.inflight import CountInflight, InflightRequests
 from gateway.auth.access import PUBLIC, access
 from gateway.observability.tracing import TracingMiddleware
 from gateway.services import Services, open_services
@@ -66,6 +67,8 @@ def create_app(
     )
     if traced:  # off: no middleware at all, nothing on the request path
         app.add_middleware(TracingMiddleware)
+    app.state.inflight = InflightRequests()
+    app.add_middleware(CountInflight, inflight=app.state.inflight)
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(reports.router)

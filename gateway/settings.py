@@ -204,6 +204,9 @@ class LimitsSettings(_Strict):
     """Characters of message text (content, parts, names) across one request."""
     max_header_bytes: int = Field(default=16 * 1024, ge=1024)
     """Request line plus headers; more is refused with 431 before the app sees the request."""
+    max_inflight_requests: int = Field(default=4096, ge=1)
+    """Chat requests one process holds at once (waiting, running or streaming); one more is
+    refused with 503 ``overloaded`` (``gateway.api.inflight``)."""
     sse_idle_s: float = Field(default=60.0, gt=0)
     """Longest silence between two chunks of a stream the edge relays; then it ends the stream
     with an error event."""

@@ -16,6 +16,7 @@ from gateway.api.booking import book_refusal
 from gateway.api.deps import ServicesDep
 from gateway.api.disconnect import first_unless_gone
 from gateway.api.error_docs import refusals
+from gateway.api.inflight import InflightRequests
 from gateway.api.openapi import chat_request_openapi
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
 from gateway.api.routing import plan_request
@@ -67,6 +68,8 @@ async def chat_completions(
         tenant = principal.tenant
         if tenant is None or tenant not in services.policies:
             raise PermissionDenied(f"principal {principal.name!r} cannot call models")
+        inflight: InflightRequests = request.app.state.inflight
+        inflight.admit(services.settings.limits.max_inflight_requests)  # before the body
         raw = await read_body(request, services.settings.limits.max_body_bytes)
         admitted = admit(raw, dict(request.headers), services.settings.limits)
         requested_model = admitted.request.model
