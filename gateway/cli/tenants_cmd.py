@@ -13,6 +13,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from gateway.api.tenant_views import config_view
 from gateway.auth.admin import AuthAdmin, open_auth_admin
 from gateway.auth.tenant_changes import TenantChanges
 from gateway.auth.tenants import TenantProfile, TenantRecord
@@ -43,7 +44,15 @@ def run_admin(config: Path, action: Callable[[AuthAdmin], Awaitable[T]]) -> T:
 
 
 def _view(record: TenantRecord) -> dict[str, Any]:
-    return {"name": record.name, **record.profile.model_dump(mode="json")}
+    return {"name": record.name, "source": "runtime", **record.profile.model_dump(mode="json")}
+
+
+def _config_view(settings: Settings, name: str) -> dict[str, Any]:
+    """A config-file tenant as the admin API shows it, without ``effective`` (what a running
+    process holds it to: ask the admin API)."""
+    view = config_view(settings, {}, name)
+    view.pop("effective")
+    return view
 
 
 def _echo(data: object) -> None:
@@ -243,13 +252,29 @@ def _checked(config: Path, changes: dict[str, Any]) -> dict[str, Any]:
 
 @tenants_app.command("list")
 def list_(config: ConfigOpt) -> None:
-    """Run-time tenants (config-file tenants are in the config)."""
-    _echo([_view(r) for r in run_admin(config, lambda a: a.store.list_tenants())])
+    """Every tenant: the config file's (``source: config``), then the run-time ones
+    (``source: runtime``; one named like a config-file tenant is shadowed by it)."""
+    settings = load_settings(config)
+    records = run_admin(config, lambda a: a.store.list_tenants())
+    _echo(
+        [_config_view(settings, name) for name in settings.tenants]
+        + [{**_view(r), **_shadowed(settings, r.name)} for r in records]
+    )
 
 
 @tenants_app.command("show")
 def show(config: ConfigOpt, name: Annotated[str, typer.Argument(help="tenant name")]) -> None:
+    """A tenant's settings; a config-file tenant's from the config (it wins over a run-time
+    tenant of its name)."""
+    settings = load_settings(config)
+    if name in settings.tenants:
+        _echo(_config_view(settings, name))
+        return
     _echo(_view(run_admin(config, lambda a: a.store.get_tenant(name))))
+
+
+def _shadowed(settings: Settings, name: str) -> dict[str, Any]:
+    return {"shadowed_by_config": True} if name in settings.tenants else {}
 
 
 @tenants_app.command("delete")

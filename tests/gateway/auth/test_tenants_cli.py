@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from gateway.auth.tenants import TenantProfile
@@ -139,3 +140,39 @@ def test_bad_updates_are_refused(env: dict[str, str], flags: list[str], complain
     assert complaint in result.output
     shown = runner.invoke(app, ["tenants", "show", "umbrella", *base], env=env)
     assert json.loads(shown.output)["weight"] == 2.0
+
+
+def test_list_and_show_cover_config_file_tenants_without_their_keys(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    runner = CliRunner()
+    base = ["--config", str(EXAMPLE)]
+    for name in ("umbrella", "hooli"):
+        made = runner.invoke(app, ["tenants", "create", name, *base], env=env)
+        assert made.exit_code == 0, made.output
+    # A config file that later names one of them: its entry wins over the row.
+    later = yaml.safe_load(EXAMPLE.read_text())
+    later["tenants"]["hooli"] = {"key_env": "TIERGATE_KEY_HOOLI", "weight": 3}
+    config = tmp_path / "later.yaml"
+    config.write_text(yaml.safe_dump(later))
+
+    listed = runner.invoke(app, ["tenants", "list", "--config", str(config)], env=env)
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.output)
+    from_config = {r["name"]: r for r in rows if r["source"] == "config"}
+    assert set(from_config) == set(later["tenants"])
+    assert from_config["hooli"]["weight"] == 3
+    runtime = {r["name"]: r for r in rows if r["source"] == "runtime"}
+    assert set(runtime) == {"umbrella", "hooli"}
+    assert runtime["hooli"].get("shadowed_by_config") is True
+    assert "shadowed_by_config" not in runtime["umbrella"]
+    assert "key_env" not in listed.output and "dev_key" not in listed.output
+    assert "dev-acme" not in listed.output
+
+    shown = runner.invoke(app, ["tenants", "show", "acme", *base], env=env)
+    assert shown.exit_code == 0, shown.output
+    acme = json.loads(shown.output)
+    assert acme["source"] == "config" and "effective" not in acme
+    assert acme == from_config["acme"]
+    umbrella = runner.invoke(app, ["tenants", "show", "umbrella", *base], env=env)
+    assert json.loads(umbrella.output)["source"] == "runtime"
