@@ -327,6 +327,7 @@ async def open_services(
                     breaker,
                     {d.model: [r.url for r in d.replicas] for d in vllm_deployments(settings)},
                     interval_s=fallback.breaker.health_interval_s,
+                    timeouts_to_drain=fallback.breaker.health_timeouts_to_drain,
                     on_down=inflight.drain,
                 )
                 probe.start()

@@ -260,6 +260,9 @@ class BreakerSettings(_Strict):
     health_interval_s: float = Field(default=1.0, ge=0)
     """Workers check each vLLM replica's ``/health`` this often; a deployment whose replicas
     all fail is drained (breaker opened at once). 0 disables."""
+    health_timeouts_to_drain: int = Field(default=2, ge=1)
+    """Checks in a row in which no replica of a deployment is healthy and one did not answer
+    in time before it is drained (replicas that answer unhealthy or refuse drain at once)."""
 
 
 class FallbackSettings(_Strict):

@@ -4,6 +4,13 @@ re-opened every check while it stays down; once healthy again, the breaker's hal
 lets traffic back. The non-streamed calls already waiting on it end at once and are retried
 elsewhere (``gateway/faults/drain.py``).
 
+A replica fails a check when it answers anything but 200 or refuses the connection: that is the
+server saying so, and drains at once. A replica that does not answer within the timeout is
+*silent*, which is ambiguous: a hung server, or a probe delayed by this process's own busy event
+loop or a network blip. Draining is fleet-wide and aborts calls in flight, so a deployment with
+no healthy replica and a silent one is drained only after ``timeouts_to_drain`` such checks in a
+row; a probe that was merely late does not drain a healthy deployment.
+
 Hosted APIs have no health endpoint: only ``vllm`` deployments are checked. Queued jobs keep
 their plans; when a worker runs one, the open breaker makes it skip the drained deployment.
 """
@@ -11,6 +18,7 @@ their plans; when a worker runs one, the open breaker makes it skip the drained 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -19,9 +27,19 @@ import aiohttp
 from gateway.faults.breaker import RedisBreaker
 from gateway.tasks import stop_task
 
-__all__ = ["HealthProbe", "health_url"]
+__all__ = ["Health", "HealthProbe", "health_url"]
 
 log = logging.getLogger(__name__)
+
+
+class Health(enum.Enum):
+    """One replica's answer to one check."""
+
+    UP = "up"
+    DOWN = "down"
+    """Answered, but not 200; or refused the connection."""
+    SILENT = "silent"
+    """No answer within the timeout."""
 
 
 def health_url(base_url: str) -> str:
@@ -38,31 +56,51 @@ class HealthProbe:
         *,
         interval_s: float = 1.0,
         timeout_s: float = 1.0,
+        timeouts_to_drain: int = 2,
         on_down: Callable[[str], object] | None = None,
     ) -> None:
         """``on_down(deployment)`` is called for a drained deployment after its breaker opened
-        (``InflightCalls.drain``: the calls waiting on it end and are retried elsewhere)."""
+        (``InflightCalls.drain``: the calls waiting on it end and are retried elsewhere);
+        ``timeouts_to_drain``: checks in a row with no healthy replica and a silent one before
+        a drain."""
+        if timeouts_to_drain < 1:
+            raise ValueError(f"timeouts_to_drain must be at least 1, not {timeouts_to_drain}")
         self._session = session
         self._breaker = breaker
         self._replicas = {d: tuple(urls) for d, urls in replicas.items() if urls}
         self._interval_s = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeouts_to_drain = timeouts_to_drain
+        self._silent_checks: dict[str, int] = {}
         self._on_down = on_down
         self._task: asyncio.Task[None] | None = None
 
-    async def _healthy(self, base_url: str) -> bool:
+    async def _probe(self, base_url: str) -> Health:
         try:
             async with self._session.get(health_url(base_url), timeout=self._timeout) as resp:
-                return resp.status == 200
+                return Health.UP if resp.status == 200 else Health.DOWN
+        except TimeoutError:  # aiohttp's timeouts are TimeoutErrors too: before ClientError
+            return Health.SILENT
         except (aiohttp.ClientError, OSError):
+            return Health.DOWN
+
+    def _drains(self, deployment: str, results: Sequence[Health]) -> bool:
+        if Health.UP in results:
+            self._silent_checks.pop(deployment, None)
             return False
+        if Health.SILENT not in results:
+            return True  # every replica said so
+        silent = self._silent_checks.get(deployment, 0) + 1
+        self._silent_checks[deployment] = silent
+        return silent >= self._timeouts_to_drain
 
     async def check(self) -> frozenset[str]:
-        """Check every deployment once; the ones drained (all replicas down)."""
+        """Check every deployment once; the ones drained (no replica up: all down, or silent
+        for ``timeouts_to_drain`` checks in a row)."""
         down: set[str] = set()
         for deployment, urls in self._replicas.items():
-            results = await asyncio.gather(*(self._healthy(u) for u in urls))
-            if not any(results):
+            results = await asyncio.gather(*(self._probe(u) for u in urls))
+            if self._drains(deployment, results):
                 down.add(deployment)
                 await self._breaker.trip(deployment)
                 if self._on_down is not None:
