@@ -228,3 +228,90 @@ async def cancelled_once_called(rig: Rig, the_job: Job) -> LedgerEntry:
     rig.executor.abandon(the_job.request_id)
     task.cancel()
     return await task
+
+
+def chain_job(*deployments: str) -> Job:
+    base = job(f"req_{uuid.uuid4().hex}", "edge1", max_tokens=200)
+    plan = RoutePlan(tier=Tier.EXTERNAL, deployments=deployments, rule="pin:tier", reason="test")
+    return dataclasses.replace(base, plan=plan, stream=False)
+
+
+async def test_a_hosted_answer_that_cannot_be_read_is_booked_its_estimated_prompt(
+    rig: Rig,
+) -> None:
+    """The hosted API answers 200 with half a JSON body: it generated (and bills) the answer,
+    which litellm cannot read. The attempt is booked the prompt estimate and no completion
+    (unknown), flagged; the client gets the 502 every failed chain gets, and the call is not
+    retried in place (a retry would be billed again)."""
+    await set_faults(rig.hosted, malformed_after_tokens=0)
+    the_job = a_job(HOSTED, stream=False)
+    replies: list[Reply] = []
+
+    async def keep(reply: Reply) -> None:
+        replies.append(reply)
+
+    entry = await rig.executor.run(the_job, keep)
+    assert (entry.outcome, entry.status_code) == ("upstream_error", 502)
+    attempt = only_attempt(entry)
+    assert attempt.outcome == "protocol_error" and attempt.estimated
+    assert attempt.error.startswith(f"[{HOSTED}#0] the answer could not be read: not JSON")
+    assert attempt.error.endswith("(HTTP 200)") and "Traceback" not in attempt.error
+    assert (attempt.prompt_tokens, attempt.completion_tokens) == (edge_estimate(the_job), 0)
+    cost = to_micro(PRICES[HOSTED].cost(Usage(edge_estimate(the_job), 0)))
+    assert entry.cost_micro_usd == entry.estimated_micro_usd == cost > 0
+    assert len(rig.hosted.served) == 1
+    (reply,) = replies
+    assert reply.kind == "error" and reply.meta["status"] == 502
+    error = reply.data["error"]
+    assert (error["type"], error["code"]) == ("api_error", "upstream_error")
+    assert f"{HOSTED}: protocol_error" in error["message"]
+
+
+async def test_an_unreadable_hosted_answer_falls_back_along_the_chain(rig: Rig) -> None:
+    await set_faults(rig.hosted, malformed_after_tokens=0)
+    the_job = chain_job(HOSTED, MODEL)
+    replies: list[Reply] = []
+
+    async def keep(reply: Reply) -> None:
+        replies.append(reply)
+
+    entry = await rig.executor.run(the_job, keep)
+    assert (entry.outcome, entry.deployment) == ("ok", MODEL)
+    unreadable, served = entry.attempts
+    assert (unreadable.deployment, unreadable.outcome) == (HOSTED, "protocol_error")
+    assert unreadable.estimated and not served.estimated
+    assert (unreadable.prompt_tokens, unreadable.completion_tokens) == (edge_estimate(the_job), 0)
+    assert served.outcome == "ok" and served.completion_tokens > 0
+    estimated = to_micro(PRICES[HOSTED].cost(Usage(unreadable.prompt_tokens, 0)))
+    assert entry.estimated_micro_usd == estimated > 0
+    assert entry.cost_micro_usd is not None and entry.cost_micro_usd > estimated
+    (reply,) = replies
+    assert reply.kind == "result" and reply.data["choices"][0]["message"]["content"]
+
+
+async def test_an_unreadable_vllm_answer_books_nothing(rig: Rig) -> None:
+    """Our own GPUs send no invoice: as any failed vLLM call, nothing is estimated."""
+    await set_faults(rig.vllm, malformed_after_tokens=0)
+    entry = await rig.executor.run(a_job(MODEL, stream=False), ignore)
+    attempt = only_attempt(entry)
+    assert attempt.outcome == "protocol_error" and not attempt.estimated
+    assert (attempt.prompt_tokens, attempt.completion_tokens) == (0, 0)
+    assert entry.estimated_micro_usd is None
+
+
+async def test_a_hosted_stream_whose_first_event_cannot_be_read_is_booked_its_prompt(
+    rig: Rig,
+) -> None:
+    """Streamed: the provider answers 200, then an event that is not JSON, before any chunk.
+    Not a request litellm refused: a protocol error, booked like the non-streamed answer, and
+    the chain moves on."""
+    await set_faults(rig.hosted, malformed_after_tokens=0)
+    the_job = dataclasses.replace(chain_job(HOSTED, MODEL), stream=True)
+    entry = await rig.executor.run(the_job, ignore)
+    assert (entry.outcome, entry.deployment) == ("ok", MODEL)
+    unreadable, served = entry.attempts
+    assert (unreadable.deployment, unreadable.outcome) == (HOSTED, "protocol_error")
+    assert unreadable.estimated and not served.estimated
+    assert (unreadable.prompt_tokens, unreadable.completion_tokens) == (edge_estimate(the_job), 0)
+    estimated = to_micro(PRICES[HOSTED].cost(Usage(unreadable.prompt_tokens, 0)))
+    assert entry.estimated_micro_usd == estimated > 0
