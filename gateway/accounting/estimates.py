@@ -18,7 +18,8 @@ The ledger books every attempt from the backend's own ``usage``. Some calls end 
 Such an attempt is booked from estimates and flagged (``Attempt.estimated``, and the row's
 ``estimated_micro_usd``):
 
-- **prompt tokens**: ``router.features.estimate_tokens`` of the messages sent, the very number the
+- **prompt tokens**: ``router.features.estimate_request_tokens`` of the body sent (its messages,
+  images, tool calls and results, tool definitions and output schema), the very number the
   edge used for rate limits and budget reservations (``PromptFeatures.estimated_prompt_tokens``);
 - **completion tokens**: of what arrived, the larger of the content chunks (each carries at least
   one token) and the estimate of its text (a hosted API's chunk may carry several tokens, and
@@ -42,7 +43,7 @@ from typing import Any
 
 from backends.errors import BackendError, BackendProtocolError
 from backends.types import Usage
-from router.features import estimate_tokens, message_text
+from router.features import estimate_request_tokens, estimate_tokens, message_text
 
 __all__ = [
     "INTERRUPTED",
@@ -114,9 +115,7 @@ def interrupted(
 def estimate(body: Mapping[str, Any], texts: Iterable[str] = (), pieces: int = 0) -> Usage:
     """Estimated usage of a call with ``body``: its prompt, and the completion whose text
     (``texts``) arrived in ``pieces`` content chunks (none: 0)."""
-    messages = body.get("messages")
-    prompt = estimate_tokens(messages if isinstance(messages, list) else ())
-    return Usage(prompt, max(pieces, estimate_tokens("".join(texts))))
+    return Usage(estimate_request_tokens(body), max(pieces, estimate_tokens("".join(texts))))
 
 
 def output_text(data: Mapping[str, Any]) -> list[str]:
