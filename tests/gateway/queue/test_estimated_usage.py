@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from backends.litellm_backend import LiteLLMBackend
 from backends.openai_http import VLLMBackend
@@ -27,6 +28,7 @@ from backends.sim.tokens import prompt_tokens
 from backends.types import Usage
 from gateway.accounting.prices import Price, PriceBook
 from gateway.accounting.records import LedgerEntry, to_micro
+from gateway.observability.tracing import Tracing
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.executor import Executor
 from gateway.queue.jobs import Job, Reply
@@ -54,6 +56,8 @@ class Rig:
     executor: Executor
     hosted: CountingSim
     vllm: CountingSim
+    tracing: Tracing
+    spans: InMemorySpanExporter
 
 
 @pytest.fixture
@@ -94,7 +98,11 @@ async def rig(
             ),
         )
     )
-    yield Rig(Executor(pool, PriceBook(PRICES), catalog, {}), hosted, vllm)
+    spans = InMemorySpanExporter()
+    tracing = Tracing.with_exporter(spans, batch=False)
+    executor = Executor(pool, PriceBook(PRICES), catalog, {}, tracing=tracing)
+    yield Rig(executor, hosted, vllm, tracing, spans)
+    await tracing.aclose()
     await pool.aclose()
     await external.aclose()
     await session.close()
@@ -315,3 +323,38 @@ async def test_a_hosted_stream_whose_first_event_cannot_be_read_is_booked_its_pr
     assert (unreadable.prompt_tokens, unreadable.completion_tokens) == (edge_estimate(the_job), 0)
     estimated = to_micro(PRICES[HOSTED].cost(Usage(unreadable.prompt_tokens, 0)))
     assert entry.estimated_micro_usd == estimated > 0
+
+
+async def test_spans_say_which_attempts_and_entries_rest_on_estimates(rig: Rig) -> None:
+    """The attempt span carries ``tiergate.usage.estimated``; the job and ledger.write spans
+    say the entry rests in part on estimates, and how much of its cost."""
+    await set_faults(rig.hosted, malformed_after_tokens=0)
+    entry = await rig.executor.run(chain_job(HOSTED, MODEL), ignore)
+    written: list[LedgerEntry] = []
+
+    async def write(booked: LedgerEntry) -> str:
+        written.append(booked)
+        return "stream"
+
+    await rig.tracing.ledger_write(entry, write)
+    assert written == [entry]
+    spans = rig.spans.get_finished_spans()
+    attempts = {
+        str(s.attributes["gen_ai.request.model"]): dict(s.attributes)
+        for s in spans
+        if s.name == "backend.attempt" and s.attributes
+    }
+    assert attempts[HOSTED]["tiergate.usage.estimated"] is True
+    assert attempts[HOSTED]["tiergate.outcome"] == "protocol_error"
+    assert attempts[HOSTED]["gen_ai.usage.input_tokens"] == entry.attempts[0].prompt_tokens
+    assert attempts[MODEL]["tiergate.usage.estimated"] is False
+    (job_span,) = [s for s in spans if s.name == "job"]
+    assert dict(job_span.attributes or {})["tiergate.usage.estimated"] is True
+    (ledger_span,) = [s for s in spans if s.name == "ledger.write"]
+    booked = dict(ledger_span.attributes or {})
+    assert booked["tiergate.usage.estimated"] is True
+    assert entry.estimated_micro_usd is not None and entry.estimated_micro_usd > 0
+    assert Decimal(str(booked["tiergate.estimated_cost_usd"])) == Decimal(
+        entry.estimated_micro_usd
+    ).scaleb(-6)
+    assert booked["tiergate.ledger.sink"] == "stream"
