@@ -32,11 +32,16 @@ litellm exceptions (``error_from_litellm``) map by class first, then by ``status
 above: our deadline, ``Timeout`` or an httpx timeout → ``BackendTimeout``; ``APIConnectionError``
 or a transport error anywhere in the cause chain (litellm reports a refused connection as a
 500) → ``BackendConnectError`` / ``BackendStreamCut``; ``ContextWindowExceededError`` →
-``ContextLengthExceeded``; ``MidStreamFallbackError`` is judged by the error it wraps.
+``ContextLengthExceeded``; ``MidStreamFallbackError`` is judged by the error it wraps. An
+answer litellm could not read (``_unreadable_answer``: a body that is not JSON, or not a chat
+completion, behind a 2xx; litellm reports it as a 500 of its own making, or, for a stream's
+first event, as an ``APIConnectionError``) → ``BackendProtocolError`` with status 200: the
+provider answered, and billed the call (docs/costs.md).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -75,6 +80,14 @@ _CONTEXT_RE = re.compile(
     r"maximum context length|maximum model length|context_length_exceeded|context window",
     re.IGNORECASE,
 )
+_UNREADABLE = (
+    "Empty or invalid response from LLM endpoint",
+    "Invalid response object",
+    "Error in response object format",
+    "Error in response creating model response object",
+)
+"""How litellm 1.82.6 says the answer behind a 2xx was not a chat completion (its own
+exceptions, raised while converting the provider's body)."""
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
@@ -222,6 +235,49 @@ def _transport_cause(exc: BaseException, httpx: ModuleType) -> BaseException | N
     return None
 
 
+def _unreadable_answer(
+    exc: BaseException, status_errors: tuple[type[BaseException], ...]
+) -> str | None:
+    """Why the answer behind ``exc`` could not be read, when the provider answered with a 2xx
+    (litellm raised while reading its body); ``None`` for every other failure.
+
+    The provider answered when no HTTP status error is in the cause chain (``status_errors``:
+    the openai SDK's, which it raises for every status outside 2xx, and httpx's; not litellm's
+    subclasses of them, which litellm also raises for its own failures), and the chain holds a
+    JSON decoding error or litellm's own complaint about the body's shape. The reason is short:
+    litellm's messages carry a traceback and the body itself, which may quote the answer.
+    """
+    seen: BaseException | None = exc
+    reason: str | None = None
+    for _ in range(10):
+        if seen is None:
+            break
+        if isinstance(seen, status_errors) and not type(seen).__module__.startswith("litellm"):
+            return None
+        if isinstance(seen, json.JSONDecodeError):
+            reason = reason or f"not JSON ({seen.msg} at character {seen.pos})"
+        else:
+            text = str(getattr(seen, "message", "") or seen)
+            found = next((phrase for phrase in _UNREADABLE if phrase in text), None)
+            if found is not None:
+                reason = reason or f"not a chat completion ({found})"
+        seen = seen.__cause__ or seen.__context__
+    return reason
+
+
+def _unreadable_error(exc: Exception, backend: str) -> BackendProtocolError | None:
+    """The error for an answer behind a 2xx that litellm could not read, if ``exc`` is one."""
+    import httpx
+    import openai  # litellm's provider client: imported with it
+
+    reason = _unreadable_answer(exc, (openai.APIStatusError, httpx.HTTPStatusError))
+    if reason is None:
+        return None
+    return BackendProtocolError(
+        f"the answer could not be read: {reason}", backend=backend, status=200
+    )
+
+
 def error_from_litellm(
     exc: Exception, *, backend: str, stream_started: bool, waiting_for: str = "a response"
 ) -> BackendError:
@@ -252,6 +308,9 @@ def error_from_litellm(
     if transport is not None:
         cls = BackendStreamCut if stream_started else BackendConnectError
         return cls(message, backend=backend)
+    unreadable = None if stream_started else _unreadable_error(exc, backend)
+    if unreadable is not None:  # a stream's later event that cannot be read cuts it (below)
+        return unreadable
     if isinstance(exc, litellm_errors.APIConnectionError):
         if stream_started:
             return BackendStreamCut(message, backend=backend)

@@ -9,7 +9,15 @@ Token counts cover every message, in full.
 ``estimate_tokens`` is a cheap, deterministic estimate for context-fit checks, limits and
 reservations. Billing uses the backend's ``usage``; this estimate only where a backend reported
 none for a call its provider bills anyway, and the ledger flags it there. The two numbers must
-agree: ``PromptFeatures.estimated_prompt_tokens`` equals ``estimate_tokens`` of the messages.
+agree: ``PromptFeatures.estimated_prompt_tokens`` (built with the request's
+``definition_tokens``) equals ``estimate_request_tokens`` of the request body.
+
+What the model reads besides the messages' text is counted too (docs/costs.md, "Exact and
+estimated usage"): tool calls and tool results are text in the messages; the tool definitions
+(``tools``, ``functions``) and a ``response_format`` JSON schema are their JSON text
+(``definition_tokens``); each image part is a fixed figure from OpenAI's published tile rule
+(``IMAGE_TOKENS``, ``IMAGE_TOKENS_LOW``), since the request path never fetches or decodes an
+image to learn its size.
 """
 
 from __future__ import annotations
@@ -20,14 +28,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 __all__ = [
     "HEAD_CHARS",
+    "IMAGE_TOKENS",
+    "IMAGE_TOKENS_LOW",
     "MESSAGE_OVERHEAD_TOKENS",
     "PROMPT_OVERHEAD_TOKENS",
     "TAIL_CHARS",
     "Message",
     "PromptFeatures",
     "clip",
+    "definition_tokens",
+    "estimate_request_tokens",
     "estimate_tokens",
     "extract_text",
     "message_text",
@@ -40,6 +54,14 @@ MESSAGE_OVERHEAD_TOKENS = 4
 """Tokens a chat template adds around each message (role header, separators)."""
 PROMPT_OVERHEAD_TOKENS = 3
 """Tokens added once per prompt (the assistant header the model continues from)."""
+IMAGE_TOKENS_LOW = 85
+"""An image part with ``detail: "low"``: OpenAI's fixed 85 tokens (GPT-4o, GPT-4.1, o-series)."""
+IMAGE_TOKENS = 85 + 170 * 8
+"""Any other image part (``high``, ``auto``, unset): the most OpenAI's tile rule charges. The
+image is fitted in 2048 x 2048, then its short side scaled to 768 px, and each 512 px tile
+costs 170 tokens plus 85 once: at most 2 x 4 tiles, 1,445 tokens. The size is unknown here (the
+request path fetches and decodes no image), so the bound is used: budgets never under-reserve
+for an image; an estimate booked from it may over-state (a 1024 x 1024 image is 765)."""
 HEAD_CHARS = 1_200
 TAIL_CHARS = 300
 """Long messages are read as their first ``HEAD_CHARS`` and last ``TAIL_CHARS`` characters
@@ -181,8 +203,10 @@ def clip(text: str) -> str:
 def message_text(message: Message) -> str:
     """The text of one message: a content string, or its ``text`` parts joined by newlines.
 
-    Non-text parts (images, audio) are ignored. An assistant message's tool calls contribute
-    their function names and arguments, since they are part of the prompt the model reads.
+    Non-text parts (images, audio) are ignored (``estimate_tokens`` counts images apart). An
+    assistant message's tool calls (or its deprecated ``function_call``) contribute their
+    function names and arguments, since they are part of the prompt the model reads; a tool
+    result is the ``tool`` message's content.
     """
     content = message.get("content")
     pieces: list[str] = []
@@ -193,6 +217,9 @@ def message_text(message: Message) -> str:
     tool_calls = message.get("tool_calls")
     if isinstance(tool_calls, Sequence) and not isinstance(tool_calls, str):
         pieces.extend(_tool_call_text(tool_calls))
+    function_call = message.get("function_call")  # the deprecated form of one tool call
+    if isinstance(function_call, Mapping):
+        pieces.extend(_tool_call_text(({"function": function_call},)))
     return "\n".join(pieces)
 
 
@@ -230,19 +257,76 @@ def _text_tokens(text: str) -> int:
     return math.ceil((len(text) - non_ascii) / 4 + non_ascii * 0.75)
 
 
+def _image_tokens(content: Sequence[Any]) -> int:
+    """The image parts of a message's ``content`` parts (``IMAGE_TOKENS``,
+    ``IMAGE_TOKENS_LOW``)."""
+    total = 0
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "image_url":
+            image = part.get("image_url")
+            low = isinstance(image, Mapping) and image.get("detail") == "low"
+            total += IMAGE_TOKENS_LOW if low else IMAGE_TOKENS
+    return total
+
+
+def _message_tokens(message: Message, text: str) -> int:
+    """One message whose text is ``text`` (``message_text``): template overhead, text, images.
+    Per message, per request: a content string (most messages) costs one type check more."""
+    tokens = MESSAGE_OVERHEAD_TOKENS + _text_tokens(text)
+    content = message.get("content")
+    if content is None or isinstance(content, str) or not isinstance(content, Sequence):
+        return tokens
+    return tokens + _image_tokens(content)
+
+
+def _json_tokens(value: Any) -> int:
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:  # not JSON data: a body decoded from JSON always is
+        text = str(value)
+    return _text_tokens(text)
+
+
+def definition_tokens(body: Mapping[str, Any]) -> int:
+    """Tokens of what a request body adds to the prompt besides its messages: its tool
+    definitions (``tools``, and the deprecated ``functions``) and a ``response_format`` JSON
+    schema, counted as their compact JSON text. Providers render them into the prompt in a
+    terser form of their own, so this errs high; 0 (three lookups) for most requests."""
+    tools, functions, response_format = (
+        body.get("tools"),
+        body.get("functions"),
+        body.get("response_format"),
+    )
+    if not (tools or functions or response_format):
+        return 0
+    total = (_json_tokens(tools) if tools else 0) + (_json_tokens(functions) if functions else 0)
+    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+        total += _json_tokens(response_format.get("json_schema"))
+    return total
+
+
 def estimate_tokens(text_or_messages: str | Iterable[Message]) -> int:
     """A cheap, deterministic prompt-token estimate (context fit, limits; billing, flagged,
     only where a backend reported no usage).
 
     A string is counted as bare text; a message list adds ``MESSAGE_OVERHEAD_TOKENS`` per
-    message and ``PROMPT_OVERHEAD_TOKENS`` once, as chat templates do.
+    message and ``PROMPT_OVERHEAD_TOKENS`` once, as chat templates do, and its images
+    (``IMAGE_TOKENS``). A request's tool definitions are not in its messages:
+    ``estimate_request_tokens`` adds them.
     """
     if isinstance(text_or_messages, str):
         return _text_tokens(text_or_messages)
     total = PROMPT_OVERHEAD_TOKENS
     for message in text_or_messages:
-        total += MESSAGE_OVERHEAD_TOKENS + _text_tokens(message_text(message))
+        total += _message_tokens(message, message_text(message))
     return total
+
+
+def estimate_request_tokens(body: Mapping[str, Any]) -> int:
+    """The prompt-token estimate of a chat request body: its messages (``estimate_tokens``)
+    and its definitions (``definition_tokens``); the edge's ``estimated_prompt_tokens``."""
+    messages = body.get("messages")
+    return estimate_tokens(messages if isinstance(messages, list) else ()) + definition_tokens(body)
 
 
 def _any_of(chars: str, text: str) -> bool:
@@ -376,14 +460,20 @@ class PromptFeatures:
         return len(self.last_user_text)
 
     @classmethod
-    def from_messages(cls, messages: Sequence[Message]) -> PromptFeatures:
+    def from_messages(
+        cls, messages: Sequence[Message], *, definition_tokens: int = 0
+    ) -> PromptFeatures:
+        """``definition_tokens``: the request's tool definitions and output schema
+        (``definition_tokens(body)``), added to ``estimated_prompt_tokens``."""
         texts = [message_text(message) for message in messages]
         roles = [message.get("role") for message in messages]
         user_texts = [text for text, role in zip(texts, roles, strict=True) if role == "user"]
         text = "\n\n".join(t for t in texts if t)
         last_user = user_texts[-1] if user_texts else text
-        tokens = PROMPT_OVERHEAD_TOKENS + sum(
-            MESSAGE_OVERHEAD_TOKENS + _text_tokens(t) for t in texts
+        tokens = (
+            PROMPT_OVERHEAD_TOKENS
+            + definition_tokens
+            + sum(_message_tokens(m, t) for m, t in zip(messages, texts, strict=True))
         )
         scan = clip(last_user)
         options = _options(scan)

@@ -11,17 +11,20 @@ The ledger books every attempt from the backend's own ``usage``. Some calls end 
   generated; the gateway cannot tell a provider still thinking from a connect that never
   completed, so it books both the same way;
 - a stream, or an answer, that arrived without usage (a usage chunk lost after the
-  ``finish_reason``, a provider that omits it).
+  ``finish_reason``, a provider that omits it);
+- a hosted API's answer that arrived (a 2xx) but could not be read (``unreadable``: a body that
+  is not JSON, or not a chat completion): the provider answered, and bills what it generated.
 
 Such an attempt is booked from estimates and flagged (``Attempt.estimated``, and the row's
 ``estimated_micro_usd``):
 
-- **prompt tokens**: ``router.features.estimate_tokens`` of the messages sent, the very number the
+- **prompt tokens**: ``router.features.estimate_request_tokens`` of the body sent (its messages,
+  images, tool calls and results, tool definitions and output schema), the very number the
   edge used for rate limits and budget reservations (``PromptFeatures.estimated_prompt_tokens``);
 - **completion tokens**: of what arrived, the larger of the content chunks (each carries at least
   one token) and the estimate of its text (a hosted API's chunk may carry several tokens, and
-  tool-call arguments count too); of an answer that never arrived, 0 (unknown: the flag says the
-  row needs the provider's figure).
+  tool-call arguments count too); of an answer that never arrived, or could not be read, 0
+  (unknown: the flag says the row needs the provider's figure).
 
 A call the provider refused (an HTTP error), that never connected, or that was never sent is
 booked nothing, as before: no provider bills it. Nor is a call to vLLM that timed out or was
@@ -38,8 +41,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from backends.errors import BackendError, BackendProtocolError
 from backends.types import Usage
-from router.features import estimate_tokens, message_text
+from router.features import estimate_request_tokens, estimate_tokens, message_text
 
 __all__ = [
     "INTERRUPTED",
@@ -48,6 +52,7 @@ __all__ = [
     "estimate",
     "interrupted",
     "output_text",
+    "unreadable",
 ]
 
 STOPPED_WAITING = frozenset({"timeout", "cancelled"})
@@ -55,11 +60,23 @@ STOPPED_WAITING = frozenset({"timeout", "cancelled"})
 a hosted API may then be in its hands, and on its invoice."""
 
 
-def billed_without_usage(outcome: str, *, external: bool, sent: bool, answered: bool) -> bool:
+def billed_without_usage(
+    outcome: str, *, external: bool, sent: bool, answered: bool, unreadable: bool = False
+) -> bool:
     """Whether an attempt that ends without usage is billed anyway: its backend ``answered``
     (a chunk or an answer arrived), or it was ``sent`` to a hosted (``external``) API and the
-    gateway stopped waiting for it (``STOPPED_WAITING``)."""
-    return answered or (sent and external and outcome in STOPPED_WAITING)
+    gateway stopped waiting for it (``STOPPED_WAITING``) or could not read its answer
+    (``unreadable``). vLLM's unreadable answers are booked nothing, as its other failures:
+    no invoice comes from our own GPUs."""
+    return answered or (sent and external and (unreadable or outcome in STOPPED_WAITING))
+
+
+def unreadable(exc: BackendError) -> bool:
+    """Whether ``exc`` says an answer arrived (a 2xx) that could not be read: a body that is not
+    JSON, or not a chat completion (``BackendProtocolError`` with the 2xx status)."""
+    return (
+        isinstance(exc, BackendProtocolError) and exc.status is not None and exc.status // 100 == 2
+    )
 
 
 INTERRUPTED = "worker_lost"
@@ -98,9 +115,7 @@ def interrupted(
 def estimate(body: Mapping[str, Any], texts: Iterable[str] = (), pieces: int = 0) -> Usage:
     """Estimated usage of a call with ``body``: its prompt, and the completion whose text
     (``texts``) arrived in ``pieces`` content chunks (none: 0)."""
-    messages = body.get("messages")
-    prompt = estimate_tokens(messages if isinstance(messages, list) else ())
-    return Usage(prompt, max(pieces, estimate_tokens("".join(texts))))
+    return Usage(estimate_request_tokens(body), max(pieces, estimate_tokens("".join(texts))))
 
 
 def output_text(data: Mapping[str, Any]) -> list[str]:

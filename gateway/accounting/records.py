@@ -107,6 +107,13 @@ class LedgerEntry:
         return None if self.cost_micro_usd is None else Decimal(self.cost_micro_usd) * MICRO
 
     @property
+    def estimated_usd(self) -> Decimal | None:
+        """``estimated_micro_usd`` in dollars (``None``: nothing estimated)."""
+        if self.estimated_micro_usd is None:
+            return None
+        return Decimal(self.estimated_micro_usd) * MICRO
+
+    @property
     def baseline_usd(self) -> Decimal | None:
         return None if self.baseline_micro_usd is None else Decimal(self.baseline_micro_usd) * MICRO
 

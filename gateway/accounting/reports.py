@@ -174,7 +174,7 @@ def sum_columns() -> list[ColumnElement[Any]]:
 
 def estimate_columns() -> list[ColumnElement[Any]]:
     """``CostSums.estimated`` and ``estimated_micro_usd``, after ``sum_columns`` in a report
-    (the daily rollups keep only ``sum_columns``)."""
+    and in the daily rollups."""
     estimated = ledger_entries.c.estimated_micro_usd
     return [
         func.coalesce(func.sum(case((estimated.is_not(None), 1), else_=0)), 0).label("estimated"),

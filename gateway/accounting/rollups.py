@@ -1,7 +1,10 @@
 """Daily rollups of the ledger, and the daily GPU true-up.
 
 ``ledger_daily`` holds, per UTC day, the sums of the ledger's rows per tenant x deployment x tier
-x tag (a request with several tags counts under each; untagged under ``''``). ``rollup_day``
+x tag (a request with several tags counts under each; untagged under ``''``), the cost report's
+sums: tokens, cost, baseline, savings, unknown prices, and the requests booked in part from
+estimated usage with the part of their cost priced from the estimates (``estimated``,
+``estimated_micro_usd``; docs/costs.md). ``rollup_day``
 recomputes one day from the rows in one transaction (delete, then ``INSERT … SELECT``), so running
 it again, or from two processes, gives the same table; late rows are picked up by the next run.
 
@@ -29,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import to_micro
-from gateway.accounting.reports import sum_columns
+from gateway.accounting.reports import estimate_columns, sum_columns
 from gateway.accounting.schema import gpu_trueup, ledger_daily, ledger_entries
 from gateway.tasks import stop_task
 
@@ -60,6 +63,8 @@ ROLLUP_COLUMNS = (
     "savings_micro_usd",
     "unknown_price",
     "unknown_baseline",
+    "estimated",
+    "estimated_micro_usd",
 )
 
 
@@ -86,7 +91,7 @@ def daily_query(dialect: str, day: date) -> Select[Any]:
         func.coalesce(tags.c.value, "").label("tag"),
     ]
     return (
-        select(*keys, *sum_columns())
+        select(*keys, *sum_columns(), *estimate_columns())
         .select_from(ledger_entries.outerjoin(tags, true()))
         .where(_on_day(day))
         .group_by(*keys[1:])

@@ -7,7 +7,8 @@ BIGINT micro-dollars, ``NULL`` when the price is unknown (``price_known`` false)
 backends counted every token; ``LedgerEntry.estimated_micro_usd``). Times are stored
 in UTC: ``TIMESTAMPTZ`` on PostgreSQL, UTC text on SQLite; both read back as aware UTC datetimes.
 
-Also the daily rollups (``ledger_daily``: tenant x model x tier x tag per UTC day) and the GPU
+Also the daily rollups (``ledger_daily``: tenant x model x tier x tag per UTC day, with the
+requests and cost resting on estimated usage) and the GPU
 true-up (``gpu_trueup``: what each self-hosted pool cost that day, allocated to tenants by token
 share). The schema is created and upgraded by Alembic (``gateway/accounting/migrations``); this
 metadata is what the migrations produce (a test compares them). ``create_schema`` is kept for
@@ -152,6 +153,20 @@ ledger_daily = Table(
     Column("unknown_price", BigInteger, nullable=False),
     Column("unknown_baseline", BigInteger, nullable=False),
     Column("rolled_up_at", UTCDateTime(), nullable=False),
+    Column(
+        "estimated",
+        BigInteger,
+        nullable=False,
+        server_default=text("0"),
+        comment="requests booked in part from estimated usage",
+    ),
+    Column(
+        "estimated_micro_usd",
+        BigInteger,
+        nullable=False,
+        server_default=text("0"),
+        comment="part of cost_micro_usd priced from estimated tokens",
+    ),
 )
 
 gpu_trueup = Table(

@@ -14,7 +14,7 @@ from gateway.api.meta import RequestMeta
 from gateway.api.schemas import ChatCompletionRequest, ChatMessage
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.settings import LimitsSettings
-from router.features import PromptFeatures
+from router.features import PromptFeatures, definition_tokens
 
 __all__ = ["Admitted", "admit", "read_body"]
 
@@ -117,7 +117,9 @@ def admit(raw: bytes, headers: dict[str, str], limits: LimitsSettings) -> Admitt
             param="max_tokens",
         )
     meta = RequestMeta.parse(headers, request.metadata)
-    features = PromptFeatures.from_messages(data["messages"])
+    features = PromptFeatures.from_messages(
+        data["messages"], definition_tokens=definition_tokens(data)
+    )
     if features.estimated_prompt_tokens > limits.max_prompt_tokens:
         raise InvalidRequest(
             f"prompt is about {features.estimated_prompt_tokens} tokens; the limit is "

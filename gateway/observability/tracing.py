@@ -96,6 +96,8 @@ ATTEMPT_KIND = "tiergate.attempt.kind"
 ATTEMPT_REASON = "tiergate.attempt.reason"
 PRIORITY = "tiergate.priority"
 COST = "tiergate.cost_usd"
+ESTIMATED = "tiergate.usage.estimated"
+ESTIMATED_COST = "tiergate.estimated_cost_usd"
 DOWNGRADED = "tiergate.downgraded"
 LEDGER_SINK = "tiergate.ledger.sink"
 
@@ -362,6 +364,8 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR))
         if DOWNGRADE_TAG in entry.tags:
             attributes[DOWNGRADED] = True
+        if entry.usage_estimated:
+            attributes[ESTIMATED] = True
         span.set_attributes(attributes)
 
     def attempt(
@@ -378,9 +382,11 @@ class Tracing:
         server: str | None,
         input_tokens: int,
         output_tokens: int,
+        estimated: bool = False,
     ) -> None:
         """One backend call (or breaker skip) that took ``started``..``ended`` (Unix s), as a
-        child of the current (``job``) span."""
+        child of the current (``job``) span. ``estimated``: its tokens are the gateway's
+        estimate (``gateway.accounting.estimates``), not the backend's count."""
         if not self.enabled or _dropped():
             return
         attributes: dict[str, Any] = {
@@ -390,6 +396,7 @@ class Tracing:
             ATTEMPT: number,
             ATTEMPT_KIND: kind,
             OUTCOME: outcome,
+            ESTIMATED: estimated,
         }
         if input_tokens or output_tokens:
             attributes[GEN_AI_INPUT_TOKENS] = input_tokens
@@ -414,11 +421,16 @@ class Tracing:
         self, entry: LedgerEntry, write: Callable[[LedgerEntry], Awaitable[str]]
     ) -> None:
         """``write(entry)`` in a ``ledger.write`` span; it returns where the entry went
-        (``stream`` or ``sql``, the span's ``tiergate.ledger.sink``)."""
+        (``stream`` or ``sql``, the span's ``tiergate.ledger.sink``). The span says whether the
+        entry rests in part on estimated usage (``tiergate.usage.estimated``) and, if so, the
+        cost priced from the estimates (``tiergate.estimated_cost_usd``)."""
         if not self.enabled or _dropped():
             await write(entry)
             return
-        span = self._tracer.start_span("ledger.write")
+        attributes: dict[str, Any] = {ESTIMATED: entry.usage_estimated}
+        if entry.estimated_micro_usd is not None:
+            attributes[ESTIMATED_COST] = str(entry.estimated_usd)
+        span = self._tracer.start_span("ledger.write", attributes=attributes)
         with _current(span):
             sink = await write(entry)
             span.set_attribute(LEDGER_SINK, sink)

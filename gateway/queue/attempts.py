@@ -5,7 +5,8 @@ One call (or one deployment skipped because its circuit breaker is open) is:
 - an ``Attempt`` of the run's ledger row (``Run.record``), with the tokens it is booked;
 - a ``backend.attempt`` span (``gateway.observability.tracing``), when tracing is on, whose
   kind says why it happened: ``first``, a ``retry`` on the same deployment, a ``fallback`` to
-  the next, or a ``continuation`` of a stream that broke;
+  the next, or a ``continuation`` of a stream that broke, and whether its tokens are
+  estimated;
 - one count in the attempts metric, by deployment and outcome;
 - one outcome for the deployment's circuit breaker (``gateway.faults.breaker``): successes, and
   the retryable failures (a rejected request is the request's fault, not the deployment's);
@@ -133,6 +134,7 @@ class Attempts:
             server=server,
             input_tokens=usage.prompt_tokens if usage else 0,
             output_tokens=usage.completion_tokens if usage else 0,
+            estimated=estimated,
         )
 
     async def calling(self, run: Run, deployment: str, started: float) -> None:

@@ -12,8 +12,8 @@ For each deployment of the plan (the fallback chain):
    stream that broke, the usage it reported so far: vLLM reports it in every chunk), and one
    outcome for the breaker. A call its provider bills without telling us (a hosted API's
    broken stream, which reports usage only at its end; a hosted call that timed out or was
-   cancelled after it was sent) is booked from estimates, flagged
-   (``gateway.accounting.estimates``).
+   cancelled after it was sent; a hosted answer that arrived but could not be read) is booked
+   from estimates, flagged (``gateway.accounting.estimates``).
 
 Each call is held to the tier's per-attempt timeout and the request's deadline. A stream falls
 back freely until its first token; after it, when continuation is allowed
@@ -49,7 +49,7 @@ from typing import Any
 from backends.errors import BackendError, BackendRejected, ContextLengthExceeded
 from backends.protocol import Backend
 from backends.types import ChatRequest, ChatResponse, Usage
-from gateway.accounting.estimates import billed_without_usage, estimate, output_text
+from gateway.accounting.estimates import billed_without_usage, estimate, output_text, unreadable
 from gateway.accounting.records import LedgerEntry
 from gateway.errors import (
     ClientDisconnected,
@@ -241,13 +241,15 @@ class Executor:
                     response = await backend.chat(request)
         except asyncio.CancelledError:
             why = self._why_cancelled(run, "call")
-            usage, guess = self._unanswered(deployment, body, "cancelled", sent)
+            usage, guess = self._unanswered(deployment, body, "cancelled", sent=sent)
             self._attempts.record(
                 run, deployment, "cancelled", started, usage, why, server=server, estimated=guess
             )
             raise
         except BackendError as exc:
-            usage, guess = self._unanswered(deployment, body, exc.kind, sent)
+            usage, guess = self._unanswered(
+                deployment, body, exc.kind, sent=sent, unreadable=unreadable(exc)
+            )
             if await self._attempts.failed(
                 run, deployment, exc, started, usage, server=server, estimated=guess
             ):
@@ -263,12 +265,22 @@ class Executor:
         return response
 
     def _unanswered(
-        self, deployment: str, body: Mapping[str, Any], outcome: str, sent: bool
+        self,
+        deployment: str,
+        body: Mapping[str, Any],
+        outcome: str,
+        *,
+        sent: bool,
+        unreadable: bool = False,
     ) -> tuple[Usage | None, bool]:
-        """What a non-streamed call that got no answer is booked, and whether it is an
-        estimate: nothing, unless its provider bills it anyway (``estimates``)."""
+        """What a non-streamed call that got no answer it could read is booked, and whether it
+        is an estimate: nothing, unless its provider bills it anyway (``estimates``): the
+        prompt estimate, and no completion (unknown)."""
         external = self._external(deployment)
-        if billed_without_usage(outcome, external=external, sent=sent, answered=False):
+        billed = billed_without_usage(
+            outcome, external=external, sent=sent, answered=False, unreadable=unreadable
+        )
+        if billed:
             return estimate(body), True
         return None, False
 
@@ -347,7 +359,7 @@ class Executor:
             )  # fmt: skip
             raise
         except BackendError as exc:
-            usage, guess = got.billed(exc.kind)
+            usage, guess = got.billed(exc.kind, unreadable=unreadable(exc))
             tripped = await self._attempts.failed(
                 run, deployment, exc, started, usage,
                 server=server, resumed=resumed, estimated=guess,

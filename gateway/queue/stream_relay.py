@@ -56,13 +56,18 @@ class Streamed:
     text: list[str] = field(default_factory=list)
     """The text of the chunks that came without usage (a hosted API's), for an estimate."""
 
-    def billed(self, outcome: str) -> tuple[Usage | None, bool]:
+    def billed(self, outcome: str, *, unreadable: bool = False) -> tuple[Usage | None, bool]:
         """What the attempt is booked, ending with ``outcome``, and whether it is an estimate:
-        the backend's usage; else, when its provider bills the call anyway, an estimate."""
+        the backend's usage; else, when its provider bills the call anyway, an estimate.
+        ``unreadable``: its answer arrived but its first event could not be read."""
         if self.usage is not None:
             return self.usage, False
         if billed_without_usage(
-            outcome, external=self.external, sent=self.called, answered=self.received > 0
+            outcome,
+            external=self.external,
+            sent=self.called,
+            answered=self.received > 0,
+            unreadable=unreadable,
         ):
             return estimate(self.body, self.text, self.produced), True
         return None, False

@@ -26,6 +26,7 @@ from backends.errors import (
     BackendConnectError,
     BackendError,
     BackendNotConfigured,
+    BackendProtocolError,
     BackendRateLimited,
     BackendRejected,
     BackendStreamCut,
@@ -134,6 +135,10 @@ async def cut(request: web.Request) -> web.StreamResponse:
     return await sse(request, STREAM[:2])
 
 
+async def garbage_stream(request: web.Request) -> web.StreamResponse:
+    return await sse(request, [b"data: {not json\n\n"])
+
+
 async def hang(request: web.Request) -> web.StreamResponse:
     await asyncio.sleep(30)  # cancelled when the client goes away
     raise AssertionError("unreachable")
@@ -169,6 +174,13 @@ SCENARIOS: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
         400, {"error": {"message": "temperature out of range", "type": "invalid_request_error"}}
     ),
     "401": fixed(401, {"error": {"message": "Incorrect API key", "type": "invalid_request_error"}}),
+    "500_html": fixed(500, b"<html>Internal Server Error</html>"),
+    # 200s whose body is not a chat completion: the provider answered (and bills it)
+    "200_half": fixed(200, orjson.dumps(ANSWER)[:40]),
+    "200_html": fixed(200, b"<html>upstream says hello</html>"),
+    "200_shape": fixed(200, {"id": "c1", "object": "chat.completion", "usage": USAGE}),
+    "200_null": fixed(200, b"null"),
+    "200_garbage_stream": garbage_stream,
 }
 
 
@@ -306,6 +318,7 @@ async def test_stream_with_usage(
         ("ctx_new", ContextLengthExceeded, None),
         ("400", BackendRejected, None),
         ("401", BackendNotConfigured, None),
+        ("500_html", BackendUnavailable, None),
     ],
 )
 @pytest.mark.parametrize("streamed", [False, True])
@@ -323,6 +336,40 @@ async def test_errors(
     assert info.value.backend == "ext"
     assert info.value.retry_after == retry_after
     assert not isinstance(info.value.__cause__, BackendError)  # translated from litellm's
+
+
+@pytest.mark.parametrize(
+    ("scenario", "reason"),
+    [
+        ("200_half", "not JSON (Unterminated string"),
+        ("200_html", "not JSON (Expecting value at character 0)"),
+        ("200_shape", "not a chat completion (Invalid response object)"),
+        ("200_null", "not a chat completion (Empty or invalid response from LLM endpoint)"),
+    ],
+)
+async def test_an_answer_that_cannot_be_read_is_a_protocol_error_of_a_200(
+    make: Callable[..., LiteLLMBackend], scenario: str, reason: str
+) -> None:
+    """litellm reports it as a 500 of its own; the provider sent a 200, and billed the call
+    (docs/costs.md): a protocol error with that status, and a short reason (litellm's message
+    carries a traceback and the body, which may quote the answer)."""
+    with pytest.raises(BackendProtocolError) as info:
+        await make(scenario).chat(req())
+    error = info.value
+    assert (error.status, error.backend) == (200, "ext")
+    assert error.message.startswith(f"the answer could not be read: {reason}"), error.message
+    assert "Traceback" not in error.message and "site-packages" not in error.message
+    assert len(error.message) < 200
+
+
+async def test_a_stream_whose_first_event_cannot_be_read_is_a_protocol_error_of_a_200(
+    make: Callable[..., LiteLLMBackend],
+) -> None:
+    """Not a request litellm refused (its ``APIConnectionError``): the provider answered."""
+    with pytest.raises(BackendProtocolError) as info:
+        await collect(make("200_garbage_stream"))
+    assert info.value.status == 200
+    assert info.value.message.startswith("the answer could not be read: not JSON")
 
 
 async def test_stream_cut(make: Callable[..., LiteLLMBackend]) -> None:

@@ -133,6 +133,9 @@ async def test_finance_sees_every_tenant_and_numbers_match_the_api(
     assert value(dom, "total-baseline") == totals["baseline_usd"]
     assert value(dom, "total-savings") == totals["savings_usd"]
     assert value(dom, "total-requests") == str(totals["requests"])
+    assert value(dom, "total-estimated") == totals["estimated_usd"]
+    for tenant in ("acme", "globex"):  # the estimated share by tenant, one row each
+        assert f'data-tenant="{tenant}"' in dom
     assert "all tenants" in dom
     # Spend bars per day and model add up to the API's per-day totals.
     bars = re.findall(r'<rect[^>]*data-day="([^"]+)"[^>]*data-value="([^"]+)"', dom)

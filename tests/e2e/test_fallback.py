@@ -464,6 +464,52 @@ async def test_hosted_call_that_times_out_is_booked_its_estimated_prompt(
     assert row.estimated_micro_usd == fstack.cost_micro_usd(stalled) > 0
 
 
+async def test_hosted_answer_that_cannot_be_read_is_booked_its_estimated_prompt(
+    fstack: FaultStack,
+) -> None:
+    """The hosted API answers 200 with a body that is not JSON: it generated the answer and
+    bills it, but neither it nor its usage can be read. Booked like the timeout above (prompt
+    estimate, no completion, flagged), not retried in place; the 70B answers."""
+    fstack.faults(EXTERNAL, malformed_after_tokens=0)
+    answer = await ask(fstack, "external", stream=False)
+    assert answer.model == LARGE and answer.finish_reason == "stop"
+    row = await entry(fstack, answer.request_id)
+    assert outcomes(row) == [(EXTERNAL, "protocol_error"), (LARGE, "ok")]
+    unreadable, served = row.attempts
+    assert unreadable.estimated and not served.estimated
+    assert unreadable.error is not None and "could not be read" in unreadable.error
+    assert (unreadable.prompt_tokens, unreadable.completion_tokens) == (
+        fstack.prompt_estimate("external"),
+        0,
+    )
+    (ext_log,) = await fstack.logged(EXTERNAL, answer.request_id)
+    assert ext_log["status"] == 200 and ext_log["completion_tokens"] > 0  # what it will bill
+    assert row.cost_micro_usd == fstack.cost_micro_usd(unreadable, served)
+    assert row.estimated_micro_usd == fstack.cost_micro_usd(unreadable) > 0
+
+
+async def test_hosted_answer_that_cannot_be_read_with_no_fallback_is_a_502(
+    fstack: FaultStack,
+) -> None:
+    """The same with every candidate failing: the client gets the chain's OpenAI-shaped 502,
+    and the row still books the hosted call's estimate."""
+    for profile in PROFILES:
+        fstack.faults(profile, malformed_after_tokens=0)
+    async with api(fstack) as client:
+        with pytest.raises(openai.APIStatusError) as info:
+            await client.chat.completions.create(
+                model="external", messages=messages(), max_tokens=300
+            )
+    assert info.value.status_code == 502
+    body = info.value.response.json()["error"]
+    assert (body["type"], body["code"]) == ("api_error", "upstream_error")
+    row = await entry(fstack, info.value.response.headers["x-request-id"])
+    assert row.outcome == "upstream_error"
+    hosted = [a for a in row.attempts if a.deployment == EXTERNAL]
+    assert [a.outcome for a in hosted] == ["protocol_error"] and hosted[0].estimated
+    assert row.estimated_micro_usd == fstack.cost_micro_usd(*hosted) > 0
+
+
 # -- broken streams ---------------------------------------------------------------------------
 
 

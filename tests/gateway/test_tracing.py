@@ -232,9 +232,14 @@ async def test_span_tree_crosses_the_queue_and_continues_the_callers_trace(
     assert tried["tiergate.outcome"] == "ok"
     assert tried["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
     assert tried["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+    assert tried["tiergate.usage.estimated"] is False  # the backend's own count
+    assert "tiergate.usage.estimated" not in dict(job.attributes or {})
     assert attempt.start_time is not None and job.start_time is not None
     assert job.start_time <= attempt.start_time
-    assert dict(one(spans, "ledger.write").attributes or {})["tiergate.ledger.sink"] == "stream"
+    written = dict(one(spans, "ledger.write").attributes or {})
+    assert written["tiergate.ledger.sink"] == "stream"
+    assert written["tiergate.usage.estimated"] is False
+    assert "tiergate.estimated_cost_usd" not in written
     wait = one(spans, "queue.wait")
     assert wait.end_time is not None and wait.start_time is not None
     assert wait.end_time >= wait.start_time

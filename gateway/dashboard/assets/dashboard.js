@@ -129,6 +129,35 @@ function hbars(container, items) {
   });
 }
 
+function share(part, whole) {
+  const w = Number(whole);
+  return w > 0 ? `${((Number(part) / w) * 100).toFixed(1)}%` : "–";
+}
+
+function estimatedTable(container, rows) {
+  // One row per tenant: its cost, the part priced from estimated usage, that share, and the
+  // requests booked in part from estimates (the cost report's estimated, estimated_usd).
+  clear(container);
+  if (!rows.length) { container.textContent = "No requests in this period."; return; }
+  const table = document.createElement("table");
+  const head = table.createTHead().insertRow();
+  for (const title of ["Tenant", "Cost", "Estimated", "Share", "Requests estimated"]) {
+    const th = document.createElement("th");
+    th.textContent = title;
+    head.appendChild(th);
+  }
+  const body = table.createTBody();
+  for (const r of rows) {
+    const tr = body.insertRow();
+    tr.dataset.tenant = r.tenant;
+    tr.dataset.estimated = r.estimated_usd;
+    const cells = [r.tenant, money(r.cost_usd), money(r.estimated_usd),
+      share(r.estimated_usd, r.cost_usd), r.estimated.toLocaleString("en-US")];
+    for (const text of cells) tr.insertCell().textContent = text;
+  }
+  container.appendChild(table);
+}
+
 function setCard(id, text, raw) {
   const node = $(id);
   node.textContent = text;
@@ -137,10 +166,11 @@ function setCard(id, text, raw) {
 
 async function loadCosts(f) {
   const split = $("split").value;
-  const [bySplit, byDay, byTag] = await Promise.all([
+  const [bySplit, byDay, byTag, byTenant] = await Promise.all([
     api("/v1/reports/costs", { ...f, group_by: `day,${split}` }).then((r) => r.json()),
     api("/v1/reports/costs", { ...f, group_by: "day" }).then((r) => r.json()),
     api("/v1/reports/costs", { ...f, group_by: "tag" }).then((r) => r.json()),
+    api("/v1/reports/costs", { ...f, group_by: "tenant" }).then((r) => r.json()),
   ]);
   const t = byDay.totals;
   setCard("total-cost", money(t.cost_usd), t.cost_usd);
@@ -148,6 +178,10 @@ async function loadCosts(f) {
   setCard("total-savings", money(t.savings_usd), t.savings_usd);
   setCard("total-requests", t.requests.toLocaleString("en-US"), t.requests);
   setCard("total-unknown", t.unknown_price.toLocaleString("en-US"), t.unknown_price);
+  setCard("total-estimated", money(t.estimated_usd), t.estimated_usd);
+  $("total-estimated-share").textContent =
+    `${share(t.estimated_usd, t.cost_usd)} of cost · ${t.estimated.toLocaleString("en-US")} requests`;
+  estimatedTable($("table-estimated"), byTenant.rows);
   stackedBars($("chart-spend"), bySplit.rows, split);
   lines($("chart-savings"), byDay.rows.map((r) => r.day), [
     { name: "cost", values: byDay.rows.map((r) => Number(r.cost_usd)) },

@@ -32,3 +32,15 @@ async def test_page_and_assets_are_local_only(client: httpx.AsyncClient) -> None
         urls = set(re.findall(r"https?://[^\s\"'`)]+", asset.text))
         assert urls <= {"http://www.w3.org/2000/svg"}, urls
     assert "innerHTML" not in (await client.get("/dashboard/app.js")).text
+
+
+async def test_the_page_shows_the_estimated_share_per_tenant(client: httpx.AsyncClient) -> None:
+    """The page's estimated figures come from the cost report's fields (tested in
+    ``test_reports_api``); the browser suite (slow) draws them."""
+    page = (await client.get("/dashboard")).text
+    for element in ('id="total-estimated"', 'id="table-estimated"'):
+        assert element in page
+    script = (await client.get("/dashboard/app.js")).text
+    assert 'group_by: "tenant"' in script
+    for field in ("estimated_usd", "r.estimated.", "t.estimated."):
+        assert field in script

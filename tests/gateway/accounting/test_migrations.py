@@ -142,3 +142,37 @@ async def test_pre_alembic_database_is_stamped_and_upgraded(db_url: str) -> None
             assert [d for d in diff if not _only_comment(d)] == []
     finally:
         await upgraded.aclose()
+
+
+async def test_rollups_made_before_0005_read_no_estimated_cost(db_url: str) -> None:
+    """0005 adds the estimated figures to ``ledger_daily`` without rewriting its rows: a rollup
+    made before reads 0 until its day is rolled up again."""
+    old = await SqlLedger.connect(db_url, migrate=False)
+    try:
+        await _drop_everything(old)
+        async with old.engine.begin() as conn:
+            await conn.run_sync(_upgrade_to, "0004")
+            await conn.execute(
+                text(
+                    "INSERT INTO ledger_daily (day, tenant, deployment, tier, tag, requests, "
+                    "prompt_tokens, completion_tokens, cost_micro_usd, baseline_micro_usd, "
+                    "savings_micro_usd, unknown_price, unknown_baseline, rolled_up_at) VALUES "
+                    "(:day, 'acme', 'm', 'small', '', 2, 200, 40, 60, 240, 180, 0, 0, :at)"
+                ),
+                {"day": T0.date(), "at": T0},
+            )
+    finally:
+        await old.aclose()
+    ledger = await SqlLedger.connect(db_url)
+    try:
+        async with ledger.engine.connect() as conn:
+            assert await current_revision(conn) == HEAD_REVISION == "0005"
+            assert await conn.run_sync(_diff) == []
+            row = (
+                await conn.execute(
+                    text("SELECT requests, estimated, estimated_micro_usd FROM ledger_daily")
+                )
+            ).one()
+        assert tuple(row) == (2, 0, 0)
+    finally:
+        await ledger.aclose()

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.accounting import Attempt
 from gateway.services import Services
 from tests.gateway.accounting.apps import app_settings, auth, running_app
 from tests.gateway.accounting.factories import T0, make_entry
@@ -146,3 +147,35 @@ async def test_what_if_is_scoped_like_costs(api: tuple[Services, httpx.AsyncClie
     assert other.status_code == 403
     everyone = await client.get("/v1/reports/what-if", headers=auth("finance"))
     assert everyone.json()["requests"] == 4
+
+
+async def test_the_estimated_share_per_tenant_the_dashboard_shows(
+    api: tuple[Services, httpx.AsyncClient],
+) -> None:
+    """The dashboard's "Estimated share by tenant" reads ``group_by=tenant``: per tenant, the
+    requests booked in part from estimated usage and the cost priced from the estimates."""
+    services, client = api
+    hosted = Attempt("gpt-4o-mini", "timeout", 4000.0, 230, 0, "timed out", estimated=True)
+    await services.ledger.record_many(
+        [
+            make_entry("e1", tenant="acme", cost_micro_usd=40, estimated_micro_usd=35,
+                       attempts=(hosted,)),
+            make_entry("e2", tenant="globex", principal="tenant:globex", cost_micro_usd=500_000,
+                       estimated_micro_usd=250_000, attempts=(hosted,)),
+        ]
+    )  # fmt: skip
+    r = await client.get("/v1/reports/costs?group_by=tenant", headers=auth("finance"))
+    assert r.status_code == 200
+    rows = {row["tenant"]: row for row in r.json()["rows"]}
+    got = {t: (row["estimated"], row["estimated_usd"], row["cost_usd"]) for t, row in rows.items()}
+    assert got == {
+        "acme": (1, "0.000035", "0.000100"),
+        "globex": (1, "0.250000", "1.500000"),
+        "initech": (0, "0.000000", "0.000007"),
+    }
+    totals = r.json()["totals"]
+    assert (totals["estimated"], totals["estimated_usd"]) == (2, "0.250035")
+    own = await client.get("/v1/reports/costs?group_by=tenant", headers=auth("acme"))
+    assert [(row["tenant"], row["estimated_usd"]) for row in own.json()["rows"]] == [
+        ("acme", "0.000035")
+    ]

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import select, update
 
-from gateway.accounting import SqlLedger, cost_report
+from gateway.accounting import Attempt, SqlLedger, cost_report
 from gateway.accounting.events import encode_entry
 from gateway.accounting.rollups import allocate, paid_hours, rollup_day
 from gateway.accounting.schema import gpu_trueup, ledger_daily
@@ -98,6 +98,88 @@ async def test_rollup_matches_the_report_and_is_idempotent(ledger: SqlLedger) ->
         key = (row.group[0], SMALL, row.group[1] or "")
         if key in by_key:
             assert by_key[key]["cost_micro_usd"] == row.sums.cost_micro_usd
+
+
+HOSTED = "gpt-4o-mini"
+ESTIMATED = Attempt(HOSTED, "timeout", 4000.0, 230, 0, "timed out", estimated=True)
+EXACT = Attempt(SMALL, "ok", 12.5, 100, 20)
+
+
+async def test_rollups_carry_the_estimated_requests_and_cost(ledger: SqlLedger) -> None:
+    """Per group, as the cost report counts them: the requests booked in part from estimates
+    and the part of the cost priced from them (0 where nothing was estimated)."""
+    await ledger.record_many(
+        [
+            *ROWS,
+            make_entry(
+                "e1",
+                tags=("chat",),
+                cost_micro_usd=95,
+                estimated_micro_usd=65,
+                attempts=(ESTIMATED, EXACT),
+            ),
+            make_entry(
+                "e2",
+                tags=("chat",),
+                cost_micro_usd=65,
+                estimated_micro_usd=65,
+                deployment=None,
+                outcome="upstream_error",
+                status_code=502,
+                attempts=(ESTIMATED,),
+            ),
+            make_entry(  # an unknown price: counted, none of its cost is in any sum
+                "e3",
+                tenant="globex",
+                principal="tenant:globex",
+                cost_micro_usd=None,
+                price_known=False,
+                estimated_micro_usd=0,
+                attempts=(ESTIMATED, EXACT),
+            ),
+        ]
+    )
+    await rollup_day(ledger, DAY, now=NOW)
+    async with ledger.engine.connect() as conn:
+        rows = (
+            (await conn.execute(select(ledger_daily).where(ledger_daily.c.day == DAY)))
+            .mappings()
+            .all()
+        )
+    got = {
+        (r["tenant"], r["deployment"], r["tag"]): (r["estimated"], r["estimated_micro_usd"])
+        for r in rows
+    }
+    assert got == {
+        ("acme", SMALL, "chat"): (1, 65),
+        ("acme", SMALL, "eu"): (0, 0),
+        ("acme", "", "chat"): (1, 65),
+        ("globex", SMALL, ""): (1, 0),
+        ("globex", "", ""): (0, 0),
+    }
+    report = await cost_report(
+        ledger, tenant=None, start=DAY, end=DAY, group_by=("tenant", "model", "tag")
+    )
+    for row in report.rows:
+        tenant, model, tag = row.group
+        key = (tenant, model or "", tag or "")
+        assert got[key] == (row.sums.estimated, row.sums.estimated_micro_usd), key
+    assert (await verify_ledger(ledger, start=DAY, end=DAY, today=NOW.date())).ok
+
+
+async def test_verify_finds_a_rollup_that_lacks_the_estimated_cost(ledger: SqlLedger) -> None:
+    """What a rollup made before the estimated columns existed reads (0), for a day with
+    estimated rows: a difference until the day is rolled up again."""
+    await ledger.record(
+        make_entry("e1", cost_micro_usd=95, estimated_micro_usd=65, attempts=(ESTIMATED, EXACT))
+    )
+    await rollup_day(ledger, DAY, now=NOW)
+    async with ledger.engine.begin() as conn:
+        await conn.execute(update(ledger_daily).values(estimated=0, estimated_micro_usd=0))
+    report = await verify_ledger(ledger, today=NOW.date())
+    assert [d.check for d in report.differences] == ["rollups"]
+    await rollup_day(ledger, DAY, now=NOW)
+    assert (await verify_ledger(ledger, today=NOW.date())).ok
 
 
 async def test_gpu_trueup_allocates_the_whole_day_by_token_share(ledger: SqlLedger) -> None:

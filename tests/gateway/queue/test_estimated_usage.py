@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from backends.litellm_backend import LiteLLMBackend
 from backends.openai_http import VLLMBackend
@@ -27,6 +28,7 @@ from backends.sim.tokens import prompt_tokens
 from backends.types import Usage
 from gateway.accounting.prices import Price, PriceBook
 from gateway.accounting.records import LedgerEntry, to_micro
+from gateway.observability.tracing import Tracing
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.executor import Executor
 from gateway.queue.jobs import Job, Reply
@@ -54,6 +56,8 @@ class Rig:
     executor: Executor
     hosted: CountingSim
     vllm: CountingSim
+    tracing: Tracing
+    spans: InMemorySpanExporter
 
 
 @pytest.fixture
@@ -94,7 +98,11 @@ async def rig(
             ),
         )
     )
-    yield Rig(Executor(pool, PriceBook(PRICES), catalog, {}), hosted, vllm)
+    spans = InMemorySpanExporter()
+    tracing = Tracing.with_exporter(spans, batch=False)
+    executor = Executor(pool, PriceBook(PRICES), catalog, {}, tracing=tracing)
+    yield Rig(executor, hosted, vllm, tracing, spans)
+    await tracing.aclose()
     await pool.aclose()
     await external.aclose()
     await session.close()
@@ -228,3 +236,125 @@ async def cancelled_once_called(rig: Rig, the_job: Job) -> LedgerEntry:
     rig.executor.abandon(the_job.request_id)
     task.cancel()
     return await task
+
+
+def chain_job(*deployments: str) -> Job:
+    base = job(f"req_{uuid.uuid4().hex}", "edge1", max_tokens=200)
+    plan = RoutePlan(tier=Tier.EXTERNAL, deployments=deployments, rule="pin:tier", reason="test")
+    return dataclasses.replace(base, plan=plan, stream=False)
+
+
+async def test_a_hosted_answer_that_cannot_be_read_is_booked_its_estimated_prompt(
+    rig: Rig,
+) -> None:
+    """The hosted API answers 200 with half a JSON body: it generated (and bills) the answer,
+    which litellm cannot read. The attempt is booked the prompt estimate and no completion
+    (unknown), flagged; the client gets the 502 every failed chain gets, and the call is not
+    retried in place (a retry would be billed again)."""
+    await set_faults(rig.hosted, malformed_after_tokens=0)
+    the_job = a_job(HOSTED, stream=False)
+    replies: list[Reply] = []
+
+    async def keep(reply: Reply) -> None:
+        replies.append(reply)
+
+    entry = await rig.executor.run(the_job, keep)
+    assert (entry.outcome, entry.status_code) == ("upstream_error", 502)
+    attempt = only_attempt(entry)
+    assert attempt.outcome == "protocol_error" and attempt.estimated
+    assert attempt.error.startswith(f"[{HOSTED}#0] the answer could not be read: not JSON")
+    assert attempt.error.endswith("(HTTP 200)") and "Traceback" not in attempt.error
+    assert (attempt.prompt_tokens, attempt.completion_tokens) == (edge_estimate(the_job), 0)
+    cost = to_micro(PRICES[HOSTED].cost(Usage(edge_estimate(the_job), 0)))
+    assert entry.cost_micro_usd == entry.estimated_micro_usd == cost > 0
+    assert len(rig.hosted.served) == 1
+    (reply,) = replies
+    assert reply.kind == "error" and reply.meta["status"] == 502
+    error = reply.data["error"]
+    assert (error["type"], error["code"]) == ("api_error", "upstream_error")
+    assert f"{HOSTED}: protocol_error" in error["message"]
+
+
+async def test_an_unreadable_hosted_answer_falls_back_along_the_chain(rig: Rig) -> None:
+    await set_faults(rig.hosted, malformed_after_tokens=0)
+    the_job = chain_job(HOSTED, MODEL)
+    replies: list[Reply] = []
+
+    async def keep(reply: Reply) -> None:
+        replies.append(reply)
+
+    entry = await rig.executor.run(the_job, keep)
+    assert (entry.outcome, entry.deployment) == ("ok", MODEL)
+    unreadable, served = entry.attempts
+    assert (unreadable.deployment, unreadable.outcome) == (HOSTED, "protocol_error")
+    assert unreadable.estimated and not served.estimated
+    assert (unreadable.prompt_tokens, unreadable.completion_tokens) == (edge_estimate(the_job), 0)
+    assert served.outcome == "ok" and served.completion_tokens > 0
+    estimated = to_micro(PRICES[HOSTED].cost(Usage(unreadable.prompt_tokens, 0)))
+    assert entry.estimated_micro_usd == estimated > 0
+    assert entry.cost_micro_usd is not None and entry.cost_micro_usd > estimated
+    (reply,) = replies
+    assert reply.kind == "result" and reply.data["choices"][0]["message"]["content"]
+
+
+async def test_an_unreadable_vllm_answer_books_nothing(rig: Rig) -> None:
+    """Our own GPUs send no invoice: as any failed vLLM call, nothing is estimated."""
+    await set_faults(rig.vllm, malformed_after_tokens=0)
+    entry = await rig.executor.run(a_job(MODEL, stream=False), ignore)
+    attempt = only_attempt(entry)
+    assert attempt.outcome == "protocol_error" and not attempt.estimated
+    assert (attempt.prompt_tokens, attempt.completion_tokens) == (0, 0)
+    assert entry.estimated_micro_usd is None
+
+
+async def test_a_hosted_stream_whose_first_event_cannot_be_read_is_booked_its_prompt(
+    rig: Rig,
+) -> None:
+    """Streamed: the provider answers 200, then an event that is not JSON, before any chunk.
+    Not a request litellm refused: a protocol error, booked like the non-streamed answer, and
+    the chain moves on."""
+    await set_faults(rig.hosted, malformed_after_tokens=0)
+    the_job = dataclasses.replace(chain_job(HOSTED, MODEL), stream=True)
+    entry = await rig.executor.run(the_job, ignore)
+    assert (entry.outcome, entry.deployment) == ("ok", MODEL)
+    unreadable, served = entry.attempts
+    assert (unreadable.deployment, unreadable.outcome) == (HOSTED, "protocol_error")
+    assert unreadable.estimated and not served.estimated
+    assert (unreadable.prompt_tokens, unreadable.completion_tokens) == (edge_estimate(the_job), 0)
+    estimated = to_micro(PRICES[HOSTED].cost(Usage(unreadable.prompt_tokens, 0)))
+    assert entry.estimated_micro_usd == estimated > 0
+
+
+async def test_spans_say_which_attempts_and_entries_rest_on_estimates(rig: Rig) -> None:
+    """The attempt span carries ``tiergate.usage.estimated``; the job and ledger.write spans
+    say the entry rests in part on estimates, and how much of its cost."""
+    await set_faults(rig.hosted, malformed_after_tokens=0)
+    entry = await rig.executor.run(chain_job(HOSTED, MODEL), ignore)
+    written: list[LedgerEntry] = []
+
+    async def write(booked: LedgerEntry) -> str:
+        written.append(booked)
+        return "stream"
+
+    await rig.tracing.ledger_write(entry, write)
+    assert written == [entry]
+    spans = rig.spans.get_finished_spans()
+    attempts = {
+        str(s.attributes["gen_ai.request.model"]): dict(s.attributes)
+        for s in spans
+        if s.name == "backend.attempt" and s.attributes
+    }
+    assert attempts[HOSTED]["tiergate.usage.estimated"] is True
+    assert attempts[HOSTED]["tiergate.outcome"] == "protocol_error"
+    assert attempts[HOSTED]["gen_ai.usage.input_tokens"] == entry.attempts[0].prompt_tokens
+    assert attempts[MODEL]["tiergate.usage.estimated"] is False
+    (job_span,) = [s for s in spans if s.name == "job"]
+    assert dict(job_span.attributes or {})["tiergate.usage.estimated"] is True
+    (ledger_span,) = [s for s in spans if s.name == "ledger.write"]
+    booked = dict(ledger_span.attributes or {})
+    assert booked["tiergate.usage.estimated"] is True
+    assert entry.estimated_micro_usd is not None and entry.estimated_micro_usd > 0
+    assert Decimal(str(booked["tiergate.estimated_cost_usd"])) == Decimal(
+        entry.estimated_micro_usd
+    ).scaleb(-6)
+    assert booked["tiergate.ledger.sink"] == "stream"
