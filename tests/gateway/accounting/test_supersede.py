@@ -325,3 +325,25 @@ async def test_the_run_books_its_cost_once_whether_the_sweep_releases_before_or_
 async def spent_and_reserved(budgets: BudgetBook) -> tuple[int, int]:
     (status,) = await budgets.status("acme", T0)
     return status.spent_micro_usd, status.reserved_micro_usd
+
+
+async def test_verify_reads_the_stream_across_a_replacement(
+    redis: aioredis.Redis, key_prefix: str, ledger: SqlLedger
+) -> None:
+    """Events not acknowledged yet: the run's event while the row is still provisional is in
+    flight; once replaced, the provisional event and the run's both count as booked."""
+    stream = f"{key_prefix}:ledger"
+    writer = LedgerWriter(redis, stream, ledger)
+    edge, run = edge_504("v1", created_at=T0), run_entry("v1", created_at=T0)
+    await writer.write(edge)
+    await writer.write(run)
+    assert await ledger.record(edge)
+    await rollup_day(ledger, T0.date())
+    report = await verify_ledger(ledger, redis=redis, stream=stream)
+    assert report.ok, report.differences
+    assert (report.stream_booked, report.stream_in_flight) == (1, 1)
+    assert await ledger.record(run)
+    await rollup_day(ledger, T0.date())
+    report = await verify_ledger(ledger, redis=redis, stream=stream)
+    assert report.ok, report.differences
+    assert (report.stream_booked, report.stream_in_flight) == (2, 0)
