@@ -47,7 +47,8 @@ __all__ = ["EDGE_CLAIM", "Dispatcher", "LocalStart"]
 EDGE_CLAIM = "edge"
 _RUNNING_GRACE_S = 5.0
 """How long past its deadline the edge still waits for a job a worker has started: the worker's
-backend timeouts end it at the deadline, so this only covers a worker that died mid-job."""
+backend timeouts end it at the deadline, so this only covers a worker that died mid-job (or is
+late); the 504 the edge answers then is booked provisional (``RunTimedOut``)."""
 
 
 class _Claim(enum.Enum):
