@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 
 from gateway.accounting.budgets import BudgetBook
 from gateway.accounting.prices import PriceBook
+from gateway.accounting.records import Attempt
 from gateway.accounting.writer import LedgerWriter
 from gateway.api.booking import book_refusal
 from gateway.auth.principals import Principal
@@ -30,12 +31,14 @@ from gateway.queue import dispatcher as dispatcher_module
 from gateway.queue.dispatcher import EDGE_CLAIM
 from gateway.queue.keys import RedisKeys
 from gateway.queue.notes import RunNote
+from gateway.queue.pool import BackendPool
 from gateway.settings import BudgetSettings
 from tests.gateway.queue.conftest import CountingSim, Edge, job, until
 from tests.gateway.queue.mixed import (
     HOSTED,
     PRICES,
     Books,
+    executor,
     mixed_job,
     set_faults,
     start_mixed_node,
@@ -180,3 +183,23 @@ async def _until_replaced(books: Books, request_id: str, timeout_s: float) -> An
         if time.monotonic() > deadline:
             raise AssertionError(f"{request_id}: its provisional row was never replaced")
         await asyncio.sleep(0.1)
+
+
+async def test_noted_books_the_notes_calls_under_the_answer_the_edge_gave(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    """Nothing is run: only the note is read. Past the deadline the edge answered 504; before
+    it, the edge could only have taken the claim because the client left."""
+    keys = RedisKeys(key_prefix)
+    pool = BackendPool({})
+    run = executor(redis_conn, keys, pool)
+    late, early = mixed_job("n-late", (HOSTED,), timeout_s=0.0), mixed_job("n-early", (HOSTED,))
+    assert await run.noted(late) is None  # no note: nothing to book
+    back = Attempt(HOSTED, "cancelled", 5.0, 40, 0, error="handed back", estimated=True)
+    for the_job in (late, early):
+        await redis_conn.set(keys.run_note(the_job.request_id), RunNote((back,)).encode(), ex=60)
+    answered_late, gone = await run.noted(late), await run.noted(early)
+    assert answered_late is not None and gone is not None
+    assert (answered_late.outcome, answered_late.status_code) == ("timeout", 504)
+    assert (gone.outcome, gone.status_code) == ("client_disconnected", 499)
+    assert answered_late.attempts == (back,) and answered_late.cost_micro_usd == cost(back) > 0
