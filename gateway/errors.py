@@ -18,6 +18,7 @@ into responses.
     ├── UpstreamFailed          502 upstream_error: every deployment of the plan failed
     ├── ServiceUnavailable      503 service_unavailable: Redis or the database cannot be used
     └── DeadlineExceeded        504 timeout: the request could not finish before its deadline
+        └── RunTimedOut         504 timeout: a job that had started gave no answer in time
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermissionDenied",
     "RateLimited",
+    "RunTimedOut",
     "ServiceUnavailable",
     "UpstreamFailed",
 ]
@@ -176,3 +178,9 @@ class DeadlineExceeded(GatewayError):
     status = 504
     type = "api_error"
     code = "timeout"
+
+
+class RunTimedOut(DeadlineExceeded):
+    """The deadline (and the edge's grace) passed while a worker had the job, or after a run
+    handed it back with calls noted: the client gets the same 504, but a run may still book
+    the request, so the edge's ledger row is provisional (``gateway.accounting.supersede``)."""

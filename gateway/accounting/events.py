@@ -1,4 +1,5 @@
-"""Ledger entries as events on a Redis stream (JSON, money as integer micro-dollars)."""
+"""Ledger entries as events on a Redis stream (JSON, money as integer micro-dollars); also how
+``tiergate ledger show`` prints a row."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def encode_entry(entry: LedgerEntry) -> bytes:
         data["idempotency_key"] = entry.idempotency_key
     if entry.estimated_micro_usd is not None:  # likewise: only rows with estimated tokens
         data["estimated_micro_usd"] = entry.estimated_micro_usd
+    if entry.provisional:  # likewise: only the edge's 504 of a started job
+        data["provisional"] = True
+    if entry.superseded_at is not None:  # set by the ledger: a row read back (``ledger show``)
+        data["superseded_at"] = entry.superseded_at.isoformat()
     return orjson.dumps(data)
 
 
@@ -73,4 +78,10 @@ def decode_entry(raw: bytes) -> LedgerEntry:
         attempts=tuple(Attempt.from_dict(a) for a in data.get("attempts", ())),
         idempotency_key=data.get("idempotency_key"),
         estimated_micro_usd=data.get("estimated_micro_usd"),
+        provisional=data.get("provisional") is True,
+        superseded_at=_time_or_none(data.get("superseded_at")),
     )
+
+
+def _time_or_none(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)

@@ -1,9 +1,13 @@
 """``SqlLedger``: the ``Ledger`` on SQLAlchemy's async engine (SQLite by default, PostgreSQL in
 production).
 
-``record`` is one ``INSERT … ON CONFLICT (request_id) DO NOTHING``: the first entry for an id wins,
-a repeat (a retried job, a second worker) returns ``False`` and changes nothing, on both dialects
-and across processes; ``record_many`` books a batch in one transaction (for the ledger sink).
+``record`` is one ``INSERT … ON CONFLICT (request_id) DO UPDATE … WHERE`` the booked row is
+provisional and the new entry is not: the first entry for an id wins, a repeat (a retried job, a
+second worker, an event delivered twice) returns ``False`` and changes nothing — except that a
+run's entry replaces the bookkeeping of the edge's provisional row, once
+(``gateway.accounting.supersede``). One statement, so it is atomic on both dialects and across
+processes (PostgreSQL locks the conflicting row; SQLite has one writer). ``record_many`` books a
+batch in one transaction (for the ledger sink), folded first to one entry per id.
 SQLite runs in WAL mode with a busy timeout so the gateway and a separate worker process can
 write the same file at once.
 """
@@ -11,11 +15,11 @@ write the same file at once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, func, select, text
+from sqlalchemy import and_, bindparam, event, false, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, RowMapping, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -25,6 +29,7 @@ from sqlalchemy.sql.dml import Insert
 from gateway.accounting.migrate import sqlite_migration_lock, upgrade
 from gateway.accounting.records import Attempt, LedgerEntry
 from gateway.accounting.schema import ledger_entries
+from gateway.accounting.supersede import BOOKED_FIELDS, fold
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlLedger", "create_ledger_engine"]
 
@@ -62,16 +67,27 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
-def _insert_ignoring_duplicates(dialect: str) -> Insert:
+def _upsert(dialect: str) -> Insert:
+    """Insert; on a conflict replace the bookkeeping of a provisional row with a run's entry
+    (``supersede.BOOKED_FIELDS``), else change nothing. ``superseded_at`` is the bound
+    ``:superseded_now`` unless the entry was folded with its provisional row already."""
     if dialect == "postgresql":
-        return postgresql.insert(ledger_entries).on_conflict_do_nothing(
-            index_elements=[ledger_entries.c.request_id]
-        )
-    if dialect == "sqlite":
-        return sqlite.insert(ledger_entries).on_conflict_do_nothing(
-            index_elements=[ledger_entries.c.request_id]
-        )
-    raise ValueError(f"unsupported ledger dialect {dialect!r}")
+        insert: Any = postgresql.insert(ledger_entries)
+    elif dialect == "sqlite":
+        insert = sqlite.insert(ledger_entries)
+    else:
+        raise ValueError(f"unsupported ledger dialect {dialect!r}")
+    t, new = ledger_entries.c, insert.excluded
+    now = bindparam("superseded_now", type_=t.superseded_at.type)
+    replaced: dict[str, Any] = {name: new[name] for name in BOOKED_FIELDS}
+    replaced["provisional"] = false()
+    replaced["superseded_at"] = func.coalesce(new.superseded_at, now)
+    upsert: Insert = insert.on_conflict_do_update(
+        index_elements=[t.request_id],
+        set_=replaced,
+        where=and_(t.provisional.is_(True), new.provisional.is_(False)),
+    )
+    return upsert
 
 
 def entry_to_row(entry: LedgerEntry) -> dict[str, Any]:
@@ -105,6 +121,8 @@ def entry_to_row(entry: LedgerEntry) -> dict[str, Any]:
         "attempts": [a.to_dict() for a in entry.attempts],
         "idempotency_key": entry.idempotency_key,
         "estimated_micro_usd": entry.estimated_micro_usd,
+        "provisional": entry.provisional,
+        "superseded_at": entry.superseded_at,
     }
 
 
@@ -135,6 +153,8 @@ def row_to_entry(row: RowMapping) -> LedgerEntry:
         attempts=tuple(Attempt.from_dict(a) for a in row["attempts"]),
         idempotency_key=row["idempotency_key"],
         estimated_micro_usd=_int_or_none(row["estimated_micro_usd"]),
+        provisional=bool(row["provisional"]),
+        superseded_at=row["superseded_at"],
     )
 
 
@@ -150,7 +170,7 @@ class SqlLedger:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._insert = _insert_ignoring_duplicates(engine.dialect.name)
+        self._insert = _upsert(engine.dialect.name)
         self._returning_ids = self._insert.returning(ledger_entries.c.request_id)
 
     @classmethod
@@ -182,19 +202,23 @@ class SqlLedger:
             await upgrade(conn)
 
     async def record(self, entry: LedgerEntry) -> bool:
-        """Write ``entry``; ``False`` (and no change) when its ``request_id`` is already booked."""
-        values = entry_to_row(entry)
+        """Write ``entry``; ``False`` (and no change) when its ``request_id`` is already booked,
+        unless it replaces a provisional row's bookkeeping (``True``)."""
+        values = {**entry_to_row(entry), "superseded_now": datetime.now(UTC)}
         async with self._engine.begin() as conn:
             result = await conn.execute(self._insert, values)
         return result.rowcount == 1
 
     async def record_many(self, entries: Sequence[LedgerEntry]) -> frozenset[str]:
-        """Write a batch in one transaction; returns the ids newly booked. Ids already booked, or
-        repeated within the batch, keep their first entry. (SQLAlchemy's "insertmanyvalues" turns
-        the batch into multi-row ``INSERT … RETURNING`` statements.)"""
+        """Write a batch in one transaction; returns the ids newly booked or whose provisional
+        row was replaced. Ids already booked keep their row, and ids repeated within the batch
+        their first entry (``supersede.fold``: a provisional one gives way to a run's).
+        (SQLAlchemy's "insertmanyvalues" turns the batch into multi-row ``INSERT … RETURNING``
+        statements, which may not touch one row twice: hence the fold.)"""
         if not entries:
             return frozenset()
-        rows = [entry_to_row(e) for e in entries]
+        now = datetime.now(UTC)
+        rows = [{**entry_to_row(e), "superseded_now": now} for e in fold(entries, now)]
         async with self._engine.begin() as conn:
             result = await conn.execute(self._returning_ids, rows)
             return frozenset(result.scalars())

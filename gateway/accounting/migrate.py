@@ -39,7 +39,7 @@ __all__ = [
 
 VERSION_TABLE = "tiergate_ledger_version"
 INITIAL_REVISION = "0001"
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
 """The newest revision in ``migrations/versions`` (a test compares it with Alembic's head)."""
 MIGRATION_LOCK_KEY = 0x7469_6572_6761_7465
 _SCRIPTS = Path(__file__).resolve().parent / "migrations"

@@ -96,6 +96,13 @@ class LedgerEntry:
     """The part of ``cost_micro_usd`` priced from estimated tokens (its attempts flagged
     ``estimated``); ``None`` when every token is a backend's own count. 0 when the price is
     unknown: the row's cost is not in any sum then, so neither is its estimated part."""
+    provisional: bool = False
+    """Written by the edge for a job a worker had started but that gave no answer in time (the
+    client got its 504): a run may still book the request, and its entry then replaces this
+    row's bookkeeping once (``gateway.accounting.supersede``). Every other entry is final."""
+    superseded_at: datetime | None = None
+    """Set by the ledger, never by a writer: when a run's entry replaced the bookkeeping of this
+    provisional row (the row still says what the client got)."""
 
     @property
     def usage_estimated(self) -> bool:
@@ -120,7 +127,8 @@ class LedgerEntry:
 
 class Ledger(Protocol):
     """Where ledger entries are written. ``record`` is idempotent by ``request_id``: the first
-    entry for an id wins, and a repeat returns ``False``."""
+    entry for an id wins, and a repeat returns ``False`` — except that a run's entry replaces
+    the bookkeeping of a provisional one, once (``gateway.accounting.supersede``)."""
 
     async def record(self, entry: LedgerEntry) -> bool: ...
 

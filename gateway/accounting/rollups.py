@@ -7,6 +7,10 @@ estimated usage with the part of their cost priced from the estimates (``estimat
 ``estimated_micro_usd``; docs/costs.md). ``rollup_day``
 recomputes one day from the rows in one transaction (delete, then ``INSERT … SELECT``), so running
 it again, or from two processes, gives the same table; late rows are picked up by the next run.
+``RollupJob`` recomputes yesterday and today, and every other day one of whose rows was replaced
+after that day's rollup (``replaced_days``: a provisional 504 whose bookkeeping a run's entry
+replaced later, ``gateway.accounting.supersede``), so a rollup never keeps a replaced row's old
+figures.
 
 The GPU true-up allocates what each GPU-priced pool actually cost that day — its hourly cost
 times the hours of the day that have passed (24 for a past day), idle time included — to the
@@ -32,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import to_micro
-from gateway.accounting.reports import estimate_columns, sum_columns
+from gateway.accounting.reports import day_column, estimate_columns, sum_columns
 from gateway.accounting.schema import gpu_trueup, ledger_daily, ledger_entries
 from gateway.tasks import stop_task
 
@@ -43,12 +47,21 @@ __all__ = [
     "allocate",
     "daily_query",
     "paid_hours",
+    "replaced_days",
     "rollup_day",
 ]
 
 log = logging.getLogger(__name__)
 
 ROLLUP_LOCK_KEY = 0x7467_726F_6C6C_7570
+REPLACED_MARGIN = timedelta(minutes=1)
+"""A day whose row was replaced less than this before its rollup is rolled up again: a
+replacement committed while the rollup read the rows (its ``rolled_up_at`` is taken before), or
+stamped by a process whose clock is behind the rollup's, may be missing from it."""
+REPLACED_LOOKBACK = timedelta(days=7)
+"""How far back ``replaced_days`` looks for replaced rows (an index range scan): a rollup job
+stopped longer than this leaves older days to ``tiergate ledger rollup --day``, and
+``tiergate ledger verify`` shows them."""
 ROLLUP_COLUMNS = (
     "day",
     "tenant",
@@ -120,6 +133,33 @@ def allocate(total: int, weights: Mapping[str, int]) -> dict[str, int]:
     for k in order[:left]:
         parts[k] += 1
     return parts
+
+
+async def replaced_days(
+    conn: AsyncConnection, now: datetime, *, lookback: timedelta = REPLACED_LOOKBACK
+) -> list[date]:
+    """Days (UTC, of ``created_at``) with a row replaced since ``now - lookback`` after, or less
+    than ``REPLACED_MARGIN`` before, the day's rollup; a day never rolled up counts too."""
+    c = ledger_entries.c
+    day = day_column(conn.dialect.name)
+    query = (
+        select(day, func.max(c.superseded_at))
+        .where(c.superseded_at.is_not(None), c.superseded_at >= now - lookback)
+        .group_by(day)
+    )
+    stale = []
+    for value, last in (await conn.execute(query)).all():
+        replaced_on = value if isinstance(value, date) else date.fromisoformat(str(value))
+        rolled = (
+            await conn.execute(
+                select(func.min(ledger_daily.c.rolled_up_at)).where(
+                    ledger_daily.c.day == replaced_on
+                )
+            )
+        ).scalar_one_or_none()
+        if rolled is None or last > rolled - REPLACED_MARGIN:
+            stale.append(replaced_on)
+    return sorted(stale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +261,13 @@ class RollupJob:
             self._task = None
 
     async def run_once(self, now: datetime | None = None) -> Sequence[RollupResult]:
+        """Roll up yesterday, today and the days with rows replaced since their rollup."""
         now = now or datetime.now(UTC)
         today = now.date()
-        return [
-            await rollup_day(self._ledger, day, gpu=self._gpu, now=now)
-            for day in (today - timedelta(days=1), today)
-        ]
+        async with self._ledger.engine.connect() as conn:
+            replaced = await replaced_days(conn, now)
+        days = sorted({today - timedelta(days=1), today, *replaced})
+        return [await rollup_day(self._ledger, day, gpu=self._gpu, now=now) for day in days]
 
     async def _run(self) -> None:
         while True:

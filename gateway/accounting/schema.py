@@ -4,7 +4,10 @@ One row per authenticated request, keyed by ``request_id``; ``idempotency_key`` 
 tenant, where set) is how a repeated request is recognised once Redis has lost its key. Money is
 BIGINT micro-dollars, ``NULL`` when the price is unknown (``price_known`` false);
 ``estimated_micro_usd`` is the part of the cost priced from estimated tokens (``NULL`` when the
-backends counted every token; ``LedgerEntry.estimated_micro_usd``). Times are stored
+backends counted every token; ``LedgerEntry.estimated_micro_usd``). ``provisional`` marks the
+edge's 504 for a started job, whose bookkeeping a run's entry may still replace once
+(``gateway.accounting.supersede``); ``superseded_at`` says when it was (indexed where set: the
+rollups look for days whose rows changed after they were rolled up). Times are stored
 in UTC: ``TIMESTAMPTZ`` on PostgreSQL, UTC text on SQLite; both read back as aware UTC datetimes.
 
 Also the daily rollups (``ledger_daily``: tenant x model x tier x tag per UTC day, with the
@@ -33,6 +36,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -125,6 +129,18 @@ ledger_entries = Table(
         BigInteger,
         comment="part of cost_micro_usd priced from estimated tokens; NULL: none estimated",
     ),
+    Column(
+        "provisional",
+        Boolean,
+        nullable=False,
+        server_default=false(),
+        comment="the edge's 504 for a started job: a run's entry may still replace its bookkeeping",
+    ),
+    Column(
+        "superseded_at",
+        UTCDateTime(),
+        comment="when a run's entry replaced this provisional row's bookkeeping",
+    ),
     Index(None, "tenant", "created_at"),
     Index(None, "created_at"),
     Index(
@@ -133,6 +149,12 @@ ledger_entries = Table(
         "idempotency_key",
         sqlite_where=text("idempotency_key IS NOT NULL"),
         postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
+    Index(
+        None,
+        "superseded_at",
+        sqlite_where=text("superseded_at IS NOT NULL"),
+        postgresql_where=text("superseded_at IS NOT NULL"),
     ),
 )
 

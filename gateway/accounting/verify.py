@@ -4,7 +4,9 @@ Checks, each difference listed with what it is about:
 
 - **rollups** — every day with rows (in the range) has rollups equal to the rows recomputed now;
   no rollup group without rows. Today may lag the rows until the next rollup run (a note,
-  not a difference, unless ``strict_today``).
+  not a difference, unless ``strict_today``), and so may a day one of whose rows was replaced
+  since its rollup (a provisional 504 booked by its run: ``rollups.replaced_days``), until the
+  rollup job's next run.
 - **rows** — no row that answered with tokens and a known price is booked at $0; a row with an
   unknown price has no cost and vice versa; a row's estimated part of its cost
   (``estimated_micro_usd``) is within its cost (0 when the cost is unknown). The rows booked in
@@ -13,7 +15,9 @@ Checks, each difference listed with what it is about:
 - **true-up** — each pool-day's allocations add up to what the pool cost.
 - **event stream** — events still in the stream are either already booked identically (awaiting
   acknowledgement) or not yet booked (counted as in flight); a booked row that differs from its
-  event is a difference; an event that cannot be decoded is a difference.
+  event is a difference; an event that cannot be decoded is a difference. A provisional event
+  whose row a run's entry has replaced since counts as booked; a run's event whose row is still
+  provisional, as in flight.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from gateway.accounting.events import decode_entry
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.records import MICRO, LedgerEntry
 from gateway.accounting.reports import day_column
-from gateway.accounting.rollups import ROLLUP_COLUMNS, daily_query
+from gateway.accounting.rollups import ROLLUP_COLUMNS, daily_query, replaced_days
 from gateway.accounting.schema import gpu_trueup, ledger_daily, ledger_entries
+from gateway.accounting.supersede import replaces
 
 __all__ = ["Difference", "VerifyReport", "verify_ledger"]
 
@@ -114,6 +119,7 @@ async def _check_rollups(
             ).all()
         }
         report.days = len(row_days | rolled_days)
+        replaced = set(await replaced_days(conn, datetime.now(UTC)))
         for day in sorted(row_days | rolled_days):
             fresh = {
                 tuple(r[:5]): tuple(int(v) for v in r[5:])
@@ -137,6 +143,12 @@ async def _check_rollups(
                 continue
             if day >= today:
                 report.notes.append(f"{day}: rollup behind the rows (rolls up again shortly)")
+                continue
+            if day in replaced:
+                report.notes.append(
+                    f"{day}: rollup behind a row replaced since (a provisional 504 booked by "
+                    "its run; the rollup job rolls the day up again shortly)"
+                )
                 continue
             for key in sorted(set(fresh) | set(stored), key=str):
                 if fresh.get(key) != stored.get(key):
@@ -278,9 +290,9 @@ async def _check_stream(
                 )
                 continue
             row = await ledger.get(event.request_id)
-            if row is None:
+            if row is None or replaces(row, event):
                 report.stream_in_flight += 1
-            elif _same(event, row):
+            elif _same(event, row) or (event.provisional and row.superseded_at is not None):
                 report.stream_booked += 1
             else:
                 report.differences.append(

@@ -95,7 +95,13 @@ class LedgerWriter:
         return "sql"
 
     async def _settle_budgets(self, entry: LedgerEntry) -> None:
-        if self._budgets is None:
+        """Settle the request's reservation, once per request id (``BudgetBook.settle``). A
+        provisional entry (the edge's 504 for a started job) settles nothing: the run's entry
+        that replaces its bookkeeping settles at the real cost; if none comes, the sweep
+        releases the reservation at its bound (``gateway.accounting.sweep``), and a run's entry
+        after that still adds its cost to ``spent``, once. Settling the provisional entry at $0
+        would use up the request's one settlement and leave the real cost out of ``spent``."""
+        if self._budgets is None or entry.provisional:
             return
         try:
             await self._budgets.settle(entry)

@@ -1,4 +1,8 @@
-"""Ledger entries for requests the edge answers itself (refused before or instead of a worker)."""
+"""Ledger entries for requests the edge answers itself (refused before or instead of a worker).
+
+The 504 of a job that had started (``RunTimedOut``) is booked *provisional*: a run may still
+book the request, and its entry then replaces this row's bookkeeping while the row keeps the
+504 the client got (``gateway.accounting.supersede``). Every other refusal is final."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.records import LedgerEntry
 from gateway.auth.principals import Principal
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, RunTimedOut
 from gateway.observability.logging import log_request
 from gateway.services import Services
 from router.plan import RoutePlan
@@ -45,6 +49,7 @@ async def book_refusal(
         score=plan.score if plan else None,
         stream=stream,
         latency_ms=(time.time() - received_at) * 1000,
+        provisional=isinstance(error, RunTimedOut),
     )
     services.tracing.refused(
         error, tenant=entry.tenant, requested_model=requested_model, stream=stream
@@ -62,6 +67,7 @@ async def book_refusal(
             "status": entry.status_code,
             "stream": stream,
             "latency_ms": round(entry.latency_ms, 3),
+            **({"provisional": True} if entry.provisional else {}),
         }
     )
     try:

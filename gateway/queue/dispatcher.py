@@ -4,6 +4,14 @@ Ownership of a request's outcome is settled by one ``SET NX`` on its claim key: 
 it before it starts a job; the edge sets it when the deadline passes first. Whoever wins writes
 the ledger entry, so a request is never answered 504 *and* run, nor booked twice.
 
+A job that had started (a worker holds its claim, it was started at once or handed over, or a
+run handed it back with its calls noted) and gave no answer by the deadline plus
+``_RUNNING_GRACE_S`` is answered 504 with ``RunTimedOut``: the edge books that 504
+*provisional*, since a run may still book the request (its worker died and another takes it
+over, or it simply finishes late), and the run's entry then replaces the row's bookkeeping
+(``gateway.accounting.supersede``). A job that never started is answered with a plain
+``DeadlineExceeded``, booked final.
+
 When the process also runs a worker (``local``), a job that would be taken at once is started
 by it directly (``Worker.start_now``): no wait in a stream, no reply stream, and no edge claim
 (its deadline is held by the backend timeouts, as for any started job). Otherwise such a job is
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import math
 import time
@@ -24,7 +33,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.errors import DeadlineExceeded, RateLimited, ServiceUnavailable
+from gateway.errors import DeadlineExceeded, RateLimited, RunTimedOut, ServiceUnavailable
 from gateway.limits.idempotency import Idempotency
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
@@ -38,7 +47,20 @@ __all__ = ["EDGE_CLAIM", "Dispatcher", "LocalStart"]
 EDGE_CLAIM = "edge"
 _RUNNING_GRACE_S = 5.0
 """How long past its deadline the edge still waits for a job a worker has started: the worker's
-backend timeouts end it at the deadline, so this only covers a worker that died mid-job."""
+backend timeouts end it at the deadline, so this only covers a worker that died mid-job (or is
+late); the 504 the edge answers then is booked provisional (``RunTimedOut``)."""
+
+
+class _Claim(enum.Enum):
+    """What the edge's claim at the deadline (or when its client left) found."""
+
+    WORKER = "worker"
+    """A worker holds the job: it runs it and books it."""
+    NEVER_RAN = "never ran"
+    """The edge holds it now and no run noted a call: nothing will ever run it (a final row)."""
+    RAN = "ran"
+    """The edge holds it now, but a run handed it back with its calls noted: a worker that
+    finds the job will book those calls (``Worker``), so the edge's row is provisional."""
 
 
 class LocalStart(Protocol):
@@ -161,10 +183,15 @@ class Dispatcher:
                             item = await queue.get()
                 except TimeoutError:
                     if claimed_by_worker:
-                        raise DeadlineExceeded(
+                        raise RunTimedOut(
                             "the backend did not finish before the deadline"
                         ) from None
-                    if await self._claim_for_edge(job):
+                    claim = await self._claim_for_edge(job)
+                    if claim is _Claim.RAN:
+                        raise RunTimedOut(
+                            "the request was handed back and not taken over before its deadline"
+                        ) from None
+                    if claim is _Claim.NEVER_RAN:
                         raise DeadlineExceeded(
                             "the request could not start before its deadline"
                         ) from None
@@ -185,7 +212,7 @@ class Dispatcher:
         told to stop (directly, or on the cancel channel)."""
         if self._local is not None and self._local.cancel(job.request_id):
             return False  # it runs in this process (started at once, or taken here)
-        if await self._claim_for_edge(job):
+        if await self._claim_for_edge(job) is not _Claim.WORKER:
             return True
         try:
             await self._redis.publish(self._keys.cancels, job.request_id)
@@ -219,10 +246,20 @@ class Dispatcher:
         wait = self._expected_wait(tier) if self._expected_wait is not None else 1.0
         return float(min(max(math.ceil(wait), 1), 60))
 
-    async def _claim_for_edge(self, job: Job) -> bool:
-        key = self._keys.claim(job.plan.tier.value, job.request_id)
+    async def _claim_for_edge(self, job: Job) -> _Claim:
+        """Take the job's claim for the edge (``SET NX``), and, in the same round trip, see
+        whether a run left a note of its calls: a job handed back at shutdown has no claim
+        but ran (``gateway.queue.notes``). The note is in another slot than the claim, so it is
+        read beside the script-free ``SET``, not inside it; once the edge holds the claim no
+        run can start, so nothing writes a note between the two."""
+        claim = self._keys.claim(job.plan.tier.value, job.request_id)
         try:
-            won = await self._redis.set(key, EDGE_CLAIM, nx=True, ex=self._claim_ttl_s)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.set(claim, EDGE_CLAIM, nx=True, ex=self._claim_ttl_s)
+                pipe.exists(self._keys.run_note(job.request_id))
+                won, noted = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
-        return bool(won)
+        if not won:
+            return _Claim.WORKER
+        return _Claim.RAN if noted else _Claim.NEVER_RAN

@@ -150,6 +150,26 @@ class Executor:
             self._tracing.job_done(span, entry)
             return entry
 
+    async def noted(self, job: Job) -> LedgerEntry | None:
+        """The entry of a job the edge answered itself after a run had handed it back: the
+        calls that run noted (``None``: no note, nothing to book), under the answer the edge
+        gave — a 504 past the deadline, else its client left. Nothing is run or sent. It
+        replaces the bookkeeping of the edge's provisional row (``gateway.accounting
+        .supersede``); against a final row it changes nothing."""
+        if self._notes is None:
+            return None
+        note = await self._notes.read(job.request_id)
+        if note is None:
+            return None
+        run = Run(job, time.time(), reclaimed=True)
+        run.carried = note.booked(job.body, external=self._external)
+        answer: GatewayError = (
+            DeadlineExceeded("the request was handed back and not taken over before its deadline")
+            if run.picked_at >= job.deadline
+            else ClientDisconnected("the client closed the connection")
+        )
+        return self._billing.entry(run, answer.outcome, answer.status)
+
     async def _guarded(self, run: Run, emit: Emit) -> LedgerEntry:
         """``_run``, ended as ``client_disconnected`` when the job is abandoned."""
         job = run.job

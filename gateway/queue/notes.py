@@ -7,7 +7,10 @@ record of their calls, a hosted API's call they made is on the provider's invoic
 ledger, and the vLLM work they did is booked to nobody. So a run keeps a note of its calls under
 the request's key (``RedisKeys.run_note``: JSON, rewritten whole, expiring with the job's claim),
 and a reclaimed run reads it before anything else and books those calls in its own row
-(``Run.carried``).
+(``Run.carried``). A handed-back job whose deadline passed before any worker took it over is
+answered by its edge (which sees the note, and books its 504 provisional); the worker that then
+finds the job runs nothing and books the noted calls (``Executor.noted``), which replace the
+provisional row's bookkeeping (``gateway.accounting.supersede``).
 
 The note must cost the common path nothing (a job whose first call answers on its first run
 writes none), so a run writes it only where it pays for a round trip already, or is on a slow

@@ -39,13 +39,17 @@ def test_head_revision_constant_is_alembics_head() -> None:
     assert head_revision() == HEAD_REVISION
 
 
-_ADDED = {"0003": "idempotency_key", "0004": "estimated_micro_usd"}
+_ADDED = {
+    "0003": ("idempotency_key",),
+    "0004": ("estimated_micro_usd",),
+    "0006": ("provisional", "superseded_at"),
+}
 """Columns of ``ledger_entries`` added after revision 0002, by the revision that added them."""
 
 
 def _skeleton(revision: str = "0002") -> Table:
     """``ledger_entries`` as ``revision`` has it (0001 and 0002: the skeleton's columns)."""
-    later = {column for added, column in _ADDED.items() if added > revision}
+    later = {column for added, columns in _ADDED.items() if added > revision for column in columns}
     table = Table(
         "ledger_entries",
         MetaData(naming_convention=metadata.naming_convention),
@@ -69,7 +73,7 @@ def _upgrade_to(connection: Connection, revision: str) -> None:
     command.upgrade(migrate_config(connection), revision)
 
 
-@pytest.mark.parametrize("start", ["0001", "0002", "0003"])
+@pytest.mark.parametrize("start", ["0001", "0002", "0003", "0004"])
 async def test_a_database_behind_head_is_upgraded_and_keeps_its_rows(
     db_url: str, start: str
 ) -> None:
@@ -92,6 +96,7 @@ async def test_a_database_behind_head_is_upgraded_and_keeps_its_rows(
         before = await ledger.get("before")
         assert before is not None and before.idempotency_key is None
         assert before.estimated_micro_usd is None and not before.usage_estimated
+        assert not before.provisional and before.superseded_at is None  # final, as booked
         keyed = make_entry("after", idempotency_key="k-1", created_at=T0 + timedelta(seconds=1))
         assert await ledger.record(keyed)
         assert await ledger.idempotent_request("acme", "k-1", T0) == "after"
@@ -166,7 +171,7 @@ async def test_rollups_made_before_0005_read_no_estimated_cost(db_url: str) -> N
     ledger = await SqlLedger.connect(db_url)
     try:
         async with ledger.engine.connect() as conn:
-            assert await current_revision(conn) == HEAD_REVISION == "0005"
+            assert await current_revision(conn) == HEAD_REVISION == "0006"
             assert await conn.run_sync(_diff) == []
             row = (
                 await conn.execute(
