@@ -9,20 +9,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-import yaml
-from aiohttp import web
 
-from backends.sim import PROFILES, create_sim_app
 from gateway.api.inflight import CountInflight, InflightRequests, Overloaded
-from gateway.app import create_app
-from gateway.services import Services, open_services
-from gateway.settings import load_settings
-from tests.support import free_port, gateway_config
+from gateway.services import Services
+from tests.inprocess import SMALL, inprocess_gateway
 
-SMALL = "llama-3.1-8b-instruct"
 KEY = {"authorization": "Bearer dev-acme"}
 
 
@@ -38,33 +33,15 @@ def _body(max_tokens: int) -> dict[str, object]:
 async def capped(
     redis_url: str, key_prefix: str, tmp_path: Path
 ) -> AsyncIterator[tuple[Services, InflightRequests, httpx.AsyncClient]]:
-    runner = web.AppRunner(create_sim_app(PROFILES[SMALL], time_scale=1.0))
-    await runner.setup()
-    sim_port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", sim_port).start()
-    path = gateway_config(
-        workdir=tmp_path,
-        redis_url=redis_url,
-        prefix=key_prefix,
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
-        sim_ports={SMALL: sim_port},
-        port=free_port(),
-        admin_port=free_port(),
-    )
-    data = yaml.safe_load(path.read_text())
-    data.setdefault("limits", {})["max_inflight_requests"] = 2
-    path.write_text(yaml.safe_dump(data))
-    try:
-        async with open_services(load_settings(path), dev=True, workers=True) as services:
-            app = create_app(services=services)
-            app.state.services = services
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://tiergate", timeout=60
-            ) as client:
-                yield services, app.state.inflight, client
-    finally:
-        await runner.cleanup()
+    def cap(config: dict[str, Any]) -> None:
+        config.setdefault("limits", {})["max_inflight_requests"] = 2
+
+    async with inprocess_gateway(redis_url, key_prefix, tmp_path, time_scale=1.0, edit=cap) as (
+        services,
+        app,
+        client,
+    ):
+        yield services, app.state.inflight, client
 
 
 async def _until(check: object, timeout_s: float = 10.0) -> None:

@@ -25,6 +25,7 @@ from gateway.services import Services
 from gateway.settings import BudgetSettings, load_settings
 from tests.gateway.accounting.apps import EXAMPLE, app_settings, auth, running_app
 from tests.gateway.accounting.factories import make_entry
+from tests.inprocess import inprocess_gateway
 
 AT = datetime(2025, 3, 14, 9, 30, tzinfo=UTC)
 SMALL = "llama-3.1-8b-instruct"
@@ -50,42 +51,13 @@ def book(redis: aioredis.Redis, prefix: str, *budgets: dict[str, Any], **kw: Any
 async def budgeted_gateway(
     redis_url: str, key_prefix: str, workdir: Path, limit_usd: str
 ) -> AsyncIterator[tuple[Services, httpx.AsyncClient]]:
-    """Real services and workers with acme's one budget of ``limit_usd``, a simulator over HTTP
-    (answering at once), the ledger in SQLite; the app called in process."""
-    from aiohttp import web
+    """The in-process gateway (``tests.inprocess``) with acme's one budget of ``limit_usd``."""
 
-    from backends.sim import PROFILES, create_sim_app
-    from gateway.app import create_app
-    from gateway.services import open_services
-    from tests.support import free_port, gateway_config
+    def budget(config: dict[str, Any]) -> None:
+        config["tenants"]["acme"]["budgets"] = [{"name": "the-budget", "limit_usd": limit_usd}]
 
-    runner = web.AppRunner(create_sim_app(PROFILES[SMALL], time_scale=0.0))
-    await runner.setup()
-    sim_port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", sim_port).start()
-    path = gateway_config(
-        workdir=workdir,
-        redis_url=redis_url,
-        prefix=key_prefix,
-        database_url=f"sqlite+aiosqlite:///{workdir / 'ledger.db'}",
-        sim_ports={SMALL: sim_port},
-        port=free_port(),
-        admin_port=free_port(),
-    )
-    data = yaml.safe_load(path.read_text())
-    data["tenants"]["acme"]["budgets"] = [{"name": "the-budget", "limit_usd": limit_usd}]
-    path.write_text(yaml.safe_dump(data))
-    try:
-        async with open_services(load_settings(path), dev=True, workers=True) as services:
-            app = create_app(services=services)
-            app.state.services = services
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://tiergate", timeout=60
-            ) as client:
-                yield services, client
-    finally:
-        await runner.cleanup()
+    async with inprocess_gateway(redis_url, key_prefix, workdir, edit=budget) as (services, _, c):
+        yield services, c
 
 
 def test_windows() -> None:
