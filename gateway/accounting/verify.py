@@ -4,7 +4,7 @@ Checks, each difference listed with what it is about:
 
 - **rollups** — every day with rows (in the range) has rollups equal to the rows recomputed now;
   no rollup group without rows. Today may lag the rows until the next rollup run (a note,
-  not a difference, unless ``strict_today``), and so may a day one of whose rows was replaced
+  not a difference), and so may a day one of whose rows was replaced
   since its rollup (a provisional 504 booked by its run: ``rollups.replaced_days``), until the
   rollup job's next run.
 - **rows** — no row that answered with tokens and a known price is booked at $0; a row with an

@@ -433,8 +433,10 @@ async def test_an_edge_only_process_sweeps_and_the_budgets_report_shows_it(
         (row,) = [b for b in r.json()["budgets"] if b["budget"] == "monthly"]
         return str(row["reserved_usd"])
 
+    # Another process has the sweep's turn: this one's first sweep (whenever it runs) passes.
+    await redis.set(lost.sweep_key, "another-process", px=60_000)
     async with running_app(settings) as (services, client):
-        await reserve(lost, "lost", 8_000, at=None)  # after this process's first sweep
+        await reserve(lost, "lost", 8_000, at=None)
         assert await reserved_usd(client) == "0.008000"
     await redis.delete(lost.sweep_key)  # the interval has passed: anyone's turn again
     async with running_app(settings) as (services, client):  # a restarted edge
