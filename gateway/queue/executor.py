@@ -331,10 +331,11 @@ class Executor:
             except _Tripped:
                 continue
             except BackendError as exc:
-                if delivered.tokens and isinstance(exc, BackendRejected):
-                    broke = exc  # the continuation was refused: end the stream honestly
-                    break
+                # A refusal ends the chain, as for a fresh request: a refused continuation ends
+                # the stream honestly. One for the context window does not: another may fit.
                 if self._final(exc):
+                    if delivered.tokens:
+                        broke = exc
                     break
                 continue
             entry = self._billing.entry(run, "ok", 200)
