@@ -4,13 +4,19 @@ travels both ways is still booked once.
 
 Writing an entry is also the moment a request is complete, so the writer settles its budget
 reservation (idempotent by request id) and feeds the GPU-priced pools' throughput meter (and
-refreshes their prices, at most once per ``refresh_s``)."""
+refreshes their prices, at most once per ``refresh_s``).
+
+A settlement Redis cannot take (the entry went to SQL because Redis did not answer, or the
+settlement itself failed) is kept and tried again before the next entry's, so a hard budget's
+``spent`` still gets the real cost once Redis answers again, instead of only its reservation's
+release at the sweep (``gateway.accounting.sweep``). At most ``max_pending`` are kept (the oldest
+dropped, logged); a process that stops with some leaves them to the sweep's release."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
@@ -45,8 +51,10 @@ class LedgerWriter:
         clock: Callable[[], float] = time.monotonic,
         coalescer: Coalescer | None = None,
         tracing: Tracing | None = None,
+        max_pending: int = 10_000,
     ) -> None:
-        """``coalescer``: events go out in the same pipeline as other requests' bookkeeping."""
+        """``coalescer``: events go out in the same pipeline as other requests' bookkeeping;
+        ``max_pending``: settlements kept for when Redis answers again."""
         self._redis = redis
         self._coalescer = coalescer
         self._stream = stream
@@ -58,6 +66,8 @@ class LedgerWriter:
         self._clock = clock
         self._refreshed_at: float | None = None
         self._tracing = tracing or Tracing.off()
+        self._pending: OrderedDict[str, LedgerEntry] = OrderedDict()
+        self._max_pending = max_pending
 
     async def write(self, entry: LedgerEntry, *, then: Callable[[], None] | None = None) -> None:
         """Book ``entry``. ``then`` is called once the event is on its way, before its reply:
@@ -92,6 +102,8 @@ class LedgerWriter:
         except (SQLAlchemyError, OSError):
             log.exception("ledger entry %s could not be written anywhere", entry.request_id)
             raise
+        if self._budgets is not None and not entry.provisional:
+            self._keep(entry)  # Redis just failed: settled with the next entry it takes
         return "sql"
 
     async def _settle_budgets(self, entry: LedgerEntry) -> None:
@@ -104,11 +116,33 @@ class LedgerWriter:
         if self._budgets is None or entry.provisional:
             return
         try:
+            while self._pending:  # the ones Redis could not take before, oldest first
+                _, pending = self._pending.popitem(last=False)
+                try:
+                    await self._budgets.settle(pending)
+                except BaseException:
+                    self._keep(pending, front=True)
+                    raise
             await self._budgets.settle(entry)
         except (RedisError, OSError) as exc:
-            # The reservation is released by the sweep (gateway.accounting.sweep) after its
-            # bound; the ledger row is what finance reads.
-            log.warning("budget of %s not settled (%s)", entry.request_id, type(exc).__name__)
+            self._keep(entry)
+            log.warning(
+                "budget of %s not settled (%s); %d kept to settle when Redis answers",
+                entry.request_id, type(exc).__name__, len(self._pending),
+            )  # fmt: skip
+
+    def _keep(self, entry: LedgerEntry, *, front: bool = False) -> None:
+        self._pending[entry.request_id] = entry
+        if front:
+            self._pending.move_to_end(entry.request_id, last=False)
+        if len(self._pending) > self._max_pending:
+            dropped, _ = self._pending.popitem(last=False)
+            log.warning("budget settlement of %s dropped: left to the sweep's release", dropped)
+
+    @property
+    def pending_settlements(self) -> int:
+        """Settlements kept for when Redis answers again."""
+        return len(self._pending)
 
     async def _meter_gpu_tokens(self, entry: LedgerEntry) -> None:
         if self._meter is None or self._prices is None or not self._prices.gpu_models:

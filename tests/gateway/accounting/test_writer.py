@@ -3,15 +3,25 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.accounting.budgets import BudgetBook
+from gateway.accounting.prices import PriceBook
 from gateway.accounting.writer import LedgerWriter
 from gateway.coalescer import Coalescer
+from gateway.queue.connection import redis_client
+from gateway.settings import BudgetSettings, load_settings
+from tests.gateway.accounting.apps import EXAMPLE
 from tests.gateway.accounting.factories import make_entry
+from tests.support import RedisServer
 
 
 @pytest.fixture
@@ -64,3 +74,49 @@ async def test_with_redis_down_the_entry_goes_to_sql(ledger: Any) -> None:
         await coalescer.aclose()
         await down.aclose()
     assert await ledger.get("r3") is not None
+
+
+@pytest.fixture
+async def own_redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_a_settlement_redis_cannot_take_is_made_once_it_answers_again(
+    own_redis: RedisServer, ledger: Any
+) -> None:
+    """Redis stops answering (paused, its data kept, as in a failover): the entry goes to SQL,
+    its settlement is kept and made before the next entry's, so the hard budget's ``spent``
+    holds both real costs and nothing stays reserved (not only a release at the sweep)."""
+    redis = redis_client(own_redis.url, socket_timeout=0.3)
+    admin = aioredis.Redis.from_url(own_redis.url)
+    prices = PriceBook.from_settings(load_settings(EXAMPLE).deployments, cost_map={})
+    budgets = BudgetBook(
+        redis, "tgw", {"acme": (BudgetSettings(name="m", limit_usd=Decimal(1)),)}, prices=prices
+    )
+    writer = LedgerWriter(redis, "tgw:ledger", ledger, budgets=budgets)
+    at = datetime.now(UTC)
+    first, second = make_entry("w1", created_at=at), make_entry("w2", created_at=at)
+    try:
+        for entry in (first, second):
+            await budgets.reserve(
+                tenant="acme", request_id=entry.request_id, app=None, tags=(),
+                amount_micro_usd=5_000, at=at,
+            )  # fmt: skip
+        await admin.execute_command("CLIENT", "PAUSE", "1000", "ALL")
+        await writer.write(first)  # times out on Redis: to SQL, its settlement kept
+        assert await ledger.get("w1") is not None
+        assert writer.pending_settlements == 1
+        await asyncio.sleep(1.0)  # the pause is over
+        await writer.write(second)
+        assert writer.pending_settlements == 0
+        (status,) = await budgets.status("acme", at)
+        assert (status.spent_micro_usd, status.reserved_micro_usd) == (
+            first.cost_micro_usd + second.cost_micro_usd,
+            0,
+        )
+    finally:
+        await redis.aclose()
+        await admin.aclose()
