@@ -8,6 +8,7 @@ the gateway in process (real services and workers, the simulator over HTTP, SQLi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -19,10 +20,13 @@ import redis.asyncio as aioredis
 from gateway.errors import RateLimited
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.deadline import DeadlineAdmission
+from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue
+from gateway.queue.replies import ReplyRouter
 from gateway.queue.snapshot import QueueSnapshot, TierQueue, TierView
 from gateway.services import Services
+from router.catalog import Tier
 from tests.gateway.queue.conftest import job
 from tests.inprocess import SMALL, inprocess_gateway
 
@@ -238,3 +242,40 @@ async def test_with_the_setting_off_it_waits_for_its_504(
         assert late.status_code == 504, late.text
         row = await _row(services, late.headers["x-request-id"])
         assert row is not None and row.status_code == 504
+
+
+async def test_the_dispatcher_judges_the_tier_the_plan_queues_in(
+    redis_conn: aioredis.Redis, key_prefix: str
+) -> None:
+    """Spill-over is the planner's, before the dispatcher: a request it moved off the crowded
+    large tier is judged on the tier it moved to, and queued; one still bound for the large tier
+    is refused there, and nothing is queued for it."""
+    keys = RedisKeys(key_prefix)
+    replies = ReplyRouter(redis_conn, keys.replies("e7"), block_ms=100)
+    crowded = _view(depth={"standard": 200}, tenant_waiting={"standard": {"acme": 200}})
+    views = {"large": crowded, "small": _view(held=0)}
+    dispatcher = Dispatcher(
+        redis_conn,
+        keys,
+        replies,
+        max_depth=1000,
+        claim_ttl_s=60,
+        deadline=DeadlineAdmission(lambda tier: views[tier]),
+    )
+    bound = job("big", "e7", timeout_s=10)
+    bound = dataclasses.replace(
+        bound, plan=dataclasses.replace(bound.plan, tier=Tier.LARGE, rule="auto:threshold")
+    )
+    with pytest.raises(RateLimited) as info:
+        await dispatcher.submit(bound)
+    assert info.value.code == "deadline_unreachable"
+    assert info.value.retry_after == 21.0  # (200 + 1) x 1 s / 10 slots
+    lanes = LaneQueue(redis_conn, keys)
+    assert (await lanes.depths("large"))["standard"] == 0
+
+    spilled = job("moved", "e7", timeout_s=10)
+    spilled = dataclasses.replace(
+        spilled, plan=dataclasses.replace(spilled.plan, rule="spill:large_wait")
+    )
+    await dispatcher.submit(spilled)
+    assert (await lanes.depths("small"))["standard"] == 1
