@@ -9,6 +9,7 @@ capacity.
 
     .venv/bin/python bench/queue_overload.py     # writes bench/results/queue_overload.json
     .venv/bin/python bench/queue_overload.py --seconds 10 --out /tmp/q.json
+    .venv/bin/python bench/queue_overload.py --no-deadline-admission   # as before admission
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import GatewayError
+from gateway.settings import QueueSettings
 
 try:
     from bench.queue_rig import final_reply, make_job, make_rig, pct, sample_peak
@@ -40,7 +42,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     )
     await rig.add_worker("w1")
     await rig.add_worker("w2")
-    rig.start_edge(max_depth=args.max_depth)
+    rig.start_edge(
+        max_depth=args.max_depth,
+        deadline_admission=args.deadline_admission,
+        deadline_margin=args.deadline_margin,
+    )
     assert rig.dispatcher is not None
     service_s = 0.02 + args.max_tokens * args.itl_s
     capacity_rps = 2 * args.capacity / service_s
@@ -96,6 +102,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "bench": "queue_overload",
         "python": platform.python_version(),
         "seconds": args.seconds,
+        "deadline_admission": args.deadline_admission,
+        "deadline_margin": args.deadline_margin,
         "elapsed_s": round(elapsed, 1),
         "replicas": 2,
         "capacity_per_replica": args.capacity,
@@ -132,6 +140,13 @@ if __name__ == "__main__":
     parser.add_argument("--timeout-s", type=float, default=10.0)
     parser.add_argument("--max-depth", type=int, default=200)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--no-deadline-admission",
+        dest="deadline_admission",
+        action="store_false",
+        help="queue what cannot start in time (it gets 504 at its deadline), as before",
+    )
+    parser.add_argument("--deadline-margin", type=float, default=QueueSettings().deadline_margin)
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "queue_overload.json"
     )

@@ -24,12 +24,14 @@ from backends.sim import PROFILES, create_sim_app
 from gateway.accounting.records import LedgerEntry
 from gateway.coalescer import Coalescer
 from gateway.queue.capacity import SlotLeases
+from gateway.queue.deadline import DeadlineAdmission
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.executor import Executor
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.pool import BackendPool, Replica
 from gateway.queue.replies import ReplyRouter
+from gateway.queue.snapshot import QueueSnapshot, TierQueue
 from gateway.queue.worker import Worker
 from router.catalog import Catalog, DeploymentSpec, Tier
 from router.plan import RoutePlan
@@ -101,6 +103,7 @@ class Rig:
     books: Books = field(default_factory=Books)
     replies: ReplyRouter | None = None
     dispatcher: Dispatcher | None = None
+    snapshot: QueueSnapshot | None = None
 
     async def add_worker(self, name: str, *, batch_headroom: float = 0.1) -> Worker:
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -138,16 +141,47 @@ class Rig:
         self.coalescers.append(coalescer)
         return worker
 
-    def start_edge(self, *, max_depth: int, local: Worker | None = None) -> None:
+    def start_edge(
+        self,
+        *,
+        max_depth: int,
+        local: Worker | None = None,
+        deadline_admission: bool = False,
+        deadline_margin: float = 0.1,
+    ) -> None:
         """``local``: a worker of the edge's own process, which starts jobs at once when they
-        need not wait (``queue.direct_start``)."""
+        need not wait (``queue.direct_start``); ``deadline_admission``: refuse at once what is
+        not expected to start before its deadline (``queue.deadline_admission``), from a queue
+        snapshot refreshed as ``tiergate serve`` does."""
         self.replies = ReplyRouter(self.redis, self.keys.replies("bench-edge"), block_ms=200)
         self.replies.start()
+        deadline = None
+        if deadline_admission:
+            slot_keys = tuple(
+                self.keys.slots("small", f"{MODEL}#{i}") for i in range(len(self.sims))
+            )
+            tier = TierQueue(
+                capacity=sum(s.capacity for s in self.sims),
+                slot_keys=slot_keys,
+                slot_deployments=tuple(MODEL for _ in slot_keys),
+                deployment_capacity={MODEL: sum(s.capacity for s in self.sims)},
+            )
+            self.snapshot = QueueSnapshot(self.redis, self.keys, {"small": tier})
+            self.snapshot.start()
+            deadline = DeadlineAdmission(self.snapshot.view, margin=deadline_margin)
         self.dispatcher = Dispatcher(
-            self.redis, self.keys, self.replies, max_depth=max_depth, claim_ttl_s=60, local=local
+            self.redis,
+            self.keys,
+            self.replies,
+            max_depth=max_depth,
+            claim_ttl_s=60,
+            local=local,
+            deadline=deadline,
         )
 
     async def close(self) -> None:
+        if self.snapshot is not None:
+            await self.snapshot.aclose()
         for w in self.workers:
             await w.aclose(drain_s=30)
         for p in self.pools:

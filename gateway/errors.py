@@ -13,7 +13,8 @@ into responses.
     │   └── IdempotencyKeyReused 409 idempotency_key_reused: it ran, its answer is gone
     ├── PayloadTooLarge         413 request_too_large
     ├── HeadersTooLarge         431 request_headers_too_large
-    ├── RateLimited             429 rate_limit_exceeded / queue_full (with Retry-After)
+    ├── RateLimited             429 rate_limit_exceeded / queue_full / deadline_unreachable
+    │                               (with Retry-After)
     │   └── BudgetExceeded      429 budget_exceeded: a hard budget cannot cover the request
     ├── UpstreamFailed          502 upstream_error: every deployment of the plan failed
     ├── ServiceUnavailable      503 service_unavailable: Redis or the database cannot be used

@@ -50,6 +50,7 @@ from gateway.metrics import Metrics
 from gateway.observability.tracing import Tracing
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.connection import redis_client
+from gateway.queue.deadline import DeadlineAdmission
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.executor import Executor
 from gateway.queue.keys import RedisKeys
@@ -393,6 +394,15 @@ async def open_services(
             expected_wait=snapshot.expected_wait,
             idempotency=idempotency,
             local=worker if settings.queue.direct_start else None,
+            deadline=(
+                DeadlineAdmission(
+                    snapshot.view,
+                    margin=settings.queue.deadline_margin,
+                    min_waiting=settings.queue.deadline_min_waiting,
+                )
+                if settings.queue.deadline_admission
+                else None
+            ),
         )
 
         yield Services(

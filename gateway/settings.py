@@ -188,6 +188,13 @@ class QueueSettings(_Strict):
     affinity: bool = True
     """A conversation's turns go to its home replica while it has room, for vLLM's prefix cache
     (docs/queue.md, "Conversation affinity"); off: replicas by load alone."""
+    deadline_admission: bool = True
+    """Refuse at once (429 ``deadline_unreachable``) a request not expected to start before its
+    deadline, instead of a 504 at the deadline (docs/queue.md, "Deadlines and backpressure")."""
+    deadline_margin: float = Field(default=0.1, ge=0.0)
+    """How far (a share of the time left to start) the expected wait must exceed it."""
+    deadline_min_waiting: int = Field(default=16, ge=1)
+    """Jobs ahead of a request below which it is never refused on the estimate."""
 
 
 class LimitsSettings(_Strict):

@@ -17,6 +17,10 @@ by it directly (``Worker.start_now``): no wait in a stream, no reply stream, and
 (its deadline is held by the backend timeouts, as for any started job). Otherwise such a job is
 handed to an idle worker of any process by the enqueue script, which takes the claim for it
 (``gateway.queue.lanes``): the edge then waits for it as for a started job.
+
+A job that must queue and is not expected to start before its deadline is refused at once with
+429 ``deadline_unreachable`` (``gateway.queue.deadline``), rather than answered 504 after
+waiting for it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import DeadlineExceeded, RateLimited, RunTimedOut, ServiceUnavailable
 from gateway.limits.idempotency import Idempotency
+from gateway.queue.deadline import DeadlineAdmission
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import HANDED_OFF, Handoff, LaneQueue, QueueFull, lane_of
@@ -85,11 +90,13 @@ class Dispatcher:
         expected_wait: Callable[[str], float] | None = None,
         idempotency: Idempotency | None = None,
         local: LocalStart | None = None,
+        deadline: DeadlineAdmission | None = None,
     ) -> None:
         """``tier_max_depth`` overrides ``max_depth`` per tier; ``weights`` are tenants' fair
         shares (default 1), read at each submit (a live view: ``TenantDirectory.weights``);
         ``expected_wait(tier)`` (s) sets a refusal's ``Retry-After``; ``local``: this process's
-        worker, which starts jobs at once when they need not wait."""
+        worker, which starts jobs at once when they need not wait; ``deadline``: refuse at once
+        a job that is not expected to start before its deadline (``None``: never)."""
         self._redis = redis
         self._keys = keys
         self._replies = replies
@@ -101,11 +108,13 @@ class Dispatcher:
         self._lanes = LaneQueue(redis, keys)
         self._idempotency = idempotency
         self._local = local
+        self._deadline = deadline
         self._abandoning: set[asyncio.Task[bool]] = set()
 
     async def submit(self, job: Job) -> AsyncIterator[Reply]:
         """Queue ``job`` and return its replies, in order. Raises ``RateLimited`` when the tier's
-        queue is full and ``ServiceUnavailable`` when Redis cannot be used."""
+        queue is full or the job cannot start before its deadline, and ``ServiceUnavailable``
+        when Redis cannot be used."""
         idempotency, key = self._idempotency, job.idempotency_key
         if idempotency is None or not key or job.stream:
             return await self._submit(job)
@@ -132,6 +141,15 @@ class Dispatcher:
             except (RedisError, OSError) as exc:
                 raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
         tier = job.plan.tier.value
+        weight = self._weights.get(job.tenant, 1.0)
+        if self._deadline is not None:
+            self._deadline.check(
+                tier=tier,
+                lane=lane_of(job.priority),
+                tenant=job.tenant,
+                weight=weight,
+                time_left_s=job.deadline - time.time(),
+            )
         queue = self._replies.register(job.request_id)
         try:
             depth = await self._lanes.enqueue(
@@ -139,7 +157,7 @@ class Dispatcher:
                 lane=lane_of(job.priority),
                 tenant=job.tenant,
                 job=job.encode(),
-                weight=self._weights.get(job.tenant, 1.0),
+                weight=weight,
                 max_depth=self._tier_max_depth.get(tier, self._max_depth),
                 handoff=Handoff(job.request_id, self._worker_claim_ttl(job)),
             )

@@ -50,6 +50,12 @@ class RedisKeys:
         """List a worker blocks on (``BLPOP``) while a tier has no work it may take."""
         return f"{self.tier_tag(tier)}:bell"
 
+    def taken(self, tier: str, lane: str) -> str:
+        """Counter of the jobs taken from a lane and started, ever (+1 per take, -1 when the
+        worker skips the job): the snapshot's measure of how fast the lane's jobs start
+        (deadline admission, docs/queue.md)."""
+        return f"{self.tier_tag(tier)}:taken:{lane}"
+
     def idle(self, tier: str) -> str:
         """Sorted set of the workers waiting for work of a tier with a slot reserved, scored by
         when their registration lapses (ms, Redis clock): an enqueue hands a job to one."""

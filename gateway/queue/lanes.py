@@ -96,8 +96,8 @@ redis.call('SADD', KEYS[7], KEYS[1])
 return waiting + 1
 """
 
-# KEYS: lane sets x3, depth x3, idle set, slot keys... ARGV: tier tag, group, consumer, batch
-# limit, idle ms (0: the caller does not wait for hand-offs).
+# KEYS: lane sets x3, depth x3, idle set, taken counters x3, slot keys... ARGV: tier tag, group,
+# consumer, batch limit, idle ms (0: the caller does not wait for hand-offs).
 _TAKE = """
 local tag, group, consumer = ARGV[1], ARGV[2], ARGV[3]
 local batch_limit = tonumber(ARGV[4])
@@ -114,7 +114,7 @@ for li = 1, 3 do
   local allowed = true
   if li == 3 and batch_limit >= 0 then
     local held = 0
-    for k = 8, #KEYS do held = held + redis.call('ZCOUNT', KEYS[k], '(' .. now, '+inf') end
+    for k = 11, #KEYS do held = held + redis.call('ZCOUNT', KEYS[k], '(' .. now, '+inf') end
     if held > batch_limit then allowed = false end
   end
   if allowed then
@@ -133,6 +133,7 @@ for li = 1, 3 do
         end
         redis.call('ZINCRBY', KEYS[li], 1 / weight, tenant)
         redis.call('DECR', KEYS[li + 3])
+        redis.call('INCR', KEYS[li + 7])
         return {lanes[li], tenant, entry[1], job}
       end
       redis.call('ZREM', KEYS[li], tenant)
@@ -257,7 +258,12 @@ class LaneQueue:
         limit on batch. ``idle_ms`` > 0: the caller holds a slot and, finding nothing, waits on
         ``wake_keys``; it is registered as idle for that long (and first gets any job handed to
         it since its last registration)."""
-        keys = [*self._lane_keys(tier), self._keys.idle(tier), *slot_keys]
+        keys = [
+            *self._lane_keys(tier),
+            self._keys.idle(tier),
+            *(self._keys.taken(tier, lane) for lane in LANES),
+            *slot_keys,
+        ]
         args: list[str | int] = [
             self._keys.tier_tag(tier),
             self._keys.group,
@@ -300,6 +306,18 @@ class LaneQueue:
         self._coalescer.send_nowait(lambda pipe: pipe.xack(stream, group, entry_id), "ack")
         self._coalescer.send_nowait(lambda pipe: pipe.xdel(stream, entry_id), "ack")
         return True
+
+    async def not_started(self, taken: Taken) -> None:
+        """A job taken from a lane that its worker skips (too late to finish, or the edge
+        answered it): take it back off the lane's count of taken jobs, which measures how fast
+        the lane's jobs *start* (deadline admission); skips would overstate it."""
+        if taken.lane not in LANES:
+            return
+        counter = self._keys.taken(taken.tier, taken.lane)
+        if self._coalescer is not None and not self._coalescer.closed:
+            self._coalescer.send_nowait(lambda pipe: pipe.decr(counter), "taken")
+            return
+        await self._redis.decr(counter)
 
     async def ack(self, taken: Taken) -> None:
         if self.ack_later(taken):

@@ -442,12 +442,15 @@ class Worker:
         if taken.claimed:
             return job, True  # handed over by an enqueue, claim taken for us
         if not reclaimed and self._cannot_finish(taken.tier, job):
+            await self._lanes.not_started(taken)
             return None, True  # left to the edge, which answers 504 at the deadline
         owner = await self._own(taken.tier, job, reclaimed)
         if owner == "mine":
             return job, True
         if owner == "edge" and reclaimed:
             return None, not await self._book_noted(taken, job)
+        if owner == "edge":
+            await self._lanes.not_started(taken)
         return None, owner == "edge"  # "alive": its worker lives (slow renewal), leave it
 
     async def _book_noted(self, taken: Taken, job: Job) -> bool:
