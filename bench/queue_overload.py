@@ -52,6 +52,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     capacity_rps = 2 * args.capacity / service_s
     rates = {"interactive": 0.5 * capacity_rps, "batch": 2.5 * capacity_rps}
     outcomes: dict[str, collections.Counter[str]] = {k: collections.Counter() for k in rates}
+    refusals: dict[str, collections.Counter[str]] = {k: collections.Counter() for k in rates}
     waits: dict[str, list[float]] = {k: [] for k in rates}
     lost: list[str] = []
     stop = asyncio.Event()
@@ -69,6 +70,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             reply = await asyncio.wait_for(final_reply(rig.dispatcher, job), args.timeout_s + 15)
         except GatewayError as exc:
             outcomes[lane][str(exc.status)] += 1
+            refusals[lane][exc.code] += 1  # queue_full, deadline_unreachable, …
             return
         except TimeoutError:
             lost.append(job.request_id)
@@ -115,6 +117,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "lost": len(lost),
         "booked_twice": sum(1 for n in booked.values() if n > 1),
         "outcomes": {k: dict(v) for k, v in outcomes.items()},
+        "refusals_by_code": {k: dict(v) for k, v in refusals.items()},
         "interactive_queue_wait_s": {
             "p50": pct(inter, 0.5),
             "p99": pct(inter, 0.99),

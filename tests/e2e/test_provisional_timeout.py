@@ -185,7 +185,8 @@ async def test_a_job_taken_over_after_the_edges_504_books_the_dead_workers_call(
         if second is not None:
             second.stop()
     assert (entry.outcome, entry.status_code) == ("timeout", 504)  # what the client got
-    assert entry.latency_ms >= 9_000  # the deadline, then the edge's 5 s
+    # the deadline, then the edge's 5 s (asyncio may wake a timer a little early: 50 ms slack)
+    assert entry.latency_ms >= 9_000 - 50
     ((deployment, outcome, estimated),) = [
         (a.deployment, a.outcome, a.estimated) for a in entry.attempts
     ]
