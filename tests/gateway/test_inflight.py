@@ -16,6 +16,7 @@ import pytest
 
 from gateway.api.inflight import CountInflight, InflightRequests, Overloaded
 from gateway.services import Services
+from tests.gateway.queue.conftest import until
 from tests.inprocess import SMALL, inprocess_gateway
 
 KEY = {"authorization": "Bearer dev-acme"}
@@ -44,21 +45,13 @@ async def capped(
         yield services, app.state.inflight, client
 
 
-async def _until(check: object, timeout_s: float = 10.0) -> None:
-    assert callable(check)
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
 async def test_one_over_the_cap_is_refused_booked_then_served_once_a_place_frees(
     capped: tuple[Services, InflightRequests, httpx.AsyncClient],
 ) -> None:
     services, inflight, client = capped
     post = "/v1/chat/completions"
     held = [asyncio.create_task(client.post(post, json=_body(400), headers=KEY)) for _ in range(2)]
-    await _until(lambda: inflight.count == 2)
+    await until(lambda: inflight.count == 2, 10)
 
     refused = await client.post(post, json=_body(8), headers=KEY)
     assert refused.status_code == 503, refused.text
