@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 from fastapi.responses import Response
+from starlette.background import BackgroundTask
 
 from gateway.api.sse import EventStreamResponse
 from gateway.api.timing import StageClock
@@ -71,8 +72,9 @@ class RelayContext:
             headers["server-timing"] = self.clock.header(meta)  # up to the first chunk
         return headers
 
-    def overhead_ms(self, meta: Mapping[str, Any]) -> float:
-        total_ms = (time.perf_counter() - self.started) * 1000
+    def overhead_ms(self, meta: Mapping[str, Any], at: float | None = None) -> float:
+        """Time in the gateway up to ``at`` (default now), less queue wait and backend time."""
+        total_ms = ((time.perf_counter() if at is None else at) - self.started) * 1000
         return max(
             total_ms - float(meta.get("queue_ms", 0.0)) - float(meta.get("backend_ms", 0.0)), 0.0
         )
@@ -88,14 +90,20 @@ class RelayContext:
             "queue_ms": round(float(meta.get("queue_ms", 0.0)), 3),
         }
 
-    def observe(self, meta: Mapping[str, Any], outcome: str, stream: bool) -> None:
+    def observe(
+        self, meta: Mapping[str, Any], outcome: str, stream: bool, at: float | None = None
+    ) -> None:
+        """Metrics, the access line and the trace of the answer, as of ``at`` (a
+        ``perf_counter`` reading: when the answer was complete; default now)."""
         metrics = self.services.metrics
         tier = str(meta.get("tier") or "none")
         deployment = str(meta.get("deployment") or "none")
-        elapsed = time.perf_counter() - self.started
+        at = time.perf_counter() if at is None else at
+        elapsed = at - self.started
+        overhead_ms = self.overhead_ms(meta, at)
         metrics.requests.labels(self.tenant, tier, deployment, outcome).inc()
         metrics.latency.labels(tier, deployment, str(stream).lower()).observe(elapsed)
-        metrics.overhead.observe(self.overhead_ms(meta) / 1000)
+        metrics.overhead.observe(overhead_ms / 1000)
         metrics.queue_wait.labels(tier).observe(float(meta.get("queue_ms", 0.0)) / 1000)
         prompt_tokens = int(meta.get("prompt_tokens", 0))
         completion_tokens = int(meta.get("completion_tokens", 0))
@@ -118,7 +126,7 @@ class RelayContext:
             "stream": stream,
             "latency_ms": round(elapsed * 1000, 3),
             "queue_ms": round(float(meta.get("queue_ms", 0.0)), 3),
-            "overhead_ms": round(self.overhead_ms(meta), 3),
+            "overhead_ms": round(overhead_ms, 3),
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "cost_usd": cost,
@@ -165,11 +173,23 @@ def json_response(ctx: RelayContext, reply: Reply) -> Response:
     headers = ctx.headers(meta)
     cost = meta.get("cost_usd")
     headers["x-tiergate-cost-usd"] = "unknown" if cost is None else str(cost)
-    headers["x-tiergate-overhead-ms"] = f"{ctx.overhead_ms(meta):.3f}"
+    at = time.perf_counter()
+    headers["x-tiergate-overhead-ms"] = f"{ctx.overhead_ms(meta, at):.3f}"
     if ctx.clock is not None:
         headers["server-timing"] = ctx.clock.header(meta)
-    ctx.observe(meta, "ok", stream=False)
-    return Response(orjson.dumps(reply.data), media_type="application/json", headers=headers)
+    # Metrics, access line and trace after the body is sent (off the answer's latency), as of
+    # now: in the same turn of the event loop as the send, so before anything the client does
+    # next is handled.
+    return Response(
+        orjson.dumps(reply.data),
+        media_type="application/json",
+        headers=headers,
+        background=BackgroundTask(_observe_after, ctx, meta, at),
+    )
+
+
+async def _observe_after(ctx: RelayContext, meta: Mapping[str, Any], at: float) -> None:
+    ctx.observe(meta, "ok", stream=False, at=at)
 
 
 def _event(data: Mapping[str, Any]) -> bytes:
