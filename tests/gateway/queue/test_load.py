@@ -21,6 +21,31 @@ def test_old_and_new_metric_names() -> None:
     assert (b.waiting, b.running, b.kv_usage) == (1.0, 0.0, 0.25)
 
 
+def test_a_full_page_reads_only_the_load_metrics_summed_over_labels() -> None:
+    """As vLLM writes it: HELP and TYPE lines, labelled samples (one per engine, summed), look-alike
+    names that are other metrics, and histograms around them."""
+    page = "\n".join(
+        [
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 4.0',
+            'vllm:num_requests_waiting{engine="1",model_name="m"} 1.0',
+            "# TYPE vllm:num_requests_waiting_by_reason gauge",
+            'vllm:num_requests_waiting_by_reason{reason="capacity"} 99.0',
+            'vllm:num_requests_running{engine="0",model_name="m"} 7.0',
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.75',
+            *(
+                f'vllm:e2e_request_latency_seconds_bucket{{le="{b}",model_name="m"}} {i}'
+                for i, b in enumerate(("0.3", "0.5", "1.0", "+Inf"))
+            ),
+            "vllm:e2e_request_latency_seconds_count 3.0",
+            "",
+        ]
+    )
+    load = parse_load(page, 2.0)
+    assert (load.waiting, load.running, load.kv_usage, load.at) == (5.0, 7.0, 0.75, 2.0)
+
+
 async def test_busy_ranks_last_and_stale_is_skipped(start_sim) -> None:  # type: ignore[no-untyped-def]
     busy, idle = await start_sim(1, itl_s=0.2), await start_sim(1)
     gone = f"http://127.0.0.1:{free_port()}"  # answers nothing: never fresh
