@@ -79,3 +79,7 @@ class Signals:
     unavailable: frozenset[str] = frozenset()
     """Deployments to skip (circuit open, all replicas unhealthy)."""
     expected_wait_s: Mapping[Tier, float] = field(default_factory=dict)
+    """Expected queue wait of a new job per tier (s)."""
+    service_s: Mapping[Tier, float] = field(default_factory=dict)
+    """Typical backend time of a job per tier (s): a worker does not start a job with less time
+    left than this (deadline spill-over reads it)."""

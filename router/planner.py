@@ -19,6 +19,10 @@ How a plan is made:
    went large stays large (``sticky:conversation``) unless the fired rule says
    ``sticky: false``; and when the large tier's expected wait is over its target (default
    30 s), traffic spills to the first allowed tier of ``spill_to`` (``spill:large_wait``).
+   Under the target, it also spills when the large tier is *late* for the request's deadline
+   (``router.deadline``: its wait plus a typical job is more than ``context.time_left_s``), to
+   the first allowed tier of ``spill_to`` with a deployment that is not late too
+   (``spill:deadline``; the rules' ``spill_on_deadline: false`` turns this off).
 2. **Fallback chain.** After the primary tier: the rule's ``fallback``, else small → large →
    external; large → external → small; external → large → small; allowed tiers only.
 3. **Context fit.** Deployments whose ``max_model_len`` cannot hold the estimated prompt plus
@@ -41,6 +45,7 @@ from typing import Any
 
 from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
 from router.classifier import Classifier
+from router.deadline import tier_fit
 from router.errors import ModelNotAllowed, NoDeploymentFits, UnknownModel
 from router.features import PromptFeatures
 from router.plan import RoutePlan
@@ -252,15 +257,17 @@ def _choose(
     if choice.tier is Tier.SMALL and context.sticky_tier is Tier.LARGE and action.sticky:
         reason = f"{choice.reason}; conversation went large before → stays large"
         choice = replace(choice, tier=Tier.LARGE, rule="sticky:conversation", reason=reason)
-    return _spill(choice, eff, rules, signals)
-
-
-def _spill(choice: _Choice, eff: _Effective, rules: RuleSet, signals: Signals) -> _Choice:
-    """``auto`` traffic bound for a large tier whose expected wait is over target moves."""
-    wait = signals.expected_wait_s.get(Tier.LARGE)
-    target = rules.wait_target_s
-    if choice.tier is not Tier.LARGE or wait is None or wait <= target:
+    if choice.tier is not Tier.LARGE:
         return choice
+    wait = signals.expected_wait_s.get(Tier.LARGE)
+    if wait is not None and wait > rules.wait_target_s:
+        return _spill(choice, eff, rules, wait)
+    return _deadline_spill(choice, eff, rules, signals, context, catalog)
+
+
+def _spill(choice: _Choice, eff: _Effective, rules: RuleSet, wait: float) -> _Choice:
+    """``auto`` traffic bound for a large tier whose expected wait is over target moves."""
+    target = rules.wait_target_s
     for tier in rules.spill_order:
         if tier is not Tier.LARGE and tier in eff.policy.allowed_tiers:
             reason = (
@@ -269,6 +276,40 @@ def _spill(choice: _Choice, eff: _Effective, rules: RuleSet, signals: Signals) -
             )
             return replace(choice, tier=tier, rule="spill:large_wait", reason=reason)
     return choice
+
+
+def _deadline_spill(
+    choice: _Choice,
+    eff: _Effective,
+    rules: RuleSet,
+    signals: Signals,
+    context: RequestContext,
+    catalog: Catalog,
+) -> _Choice:
+    """``auto`` traffic bound for a large tier it cannot start on before its deadline moves to
+    the first allowed tier of ``spill_to`` that has a deployment for it and is not late too."""
+    left = context.time_left_s
+    if left is None or not rules.deadline_spill:
+        return choice
+    large = tier_fit(Tier.LARGE, left, signals)
+    if not large.late:
+        return choice
+    why = f"deadline in {left:.1f} s: {large.describe()} does not fit"
+    late: list[str] = []
+    for tier in rules.spill_order:
+        if tier is Tier.LARGE or tier not in eff.policy.allowed_tiers:
+            continue
+        if not _candidates(tier, eff, catalog):
+            continue
+        there = tier_fit(tier, left, signals)
+        if there.late:
+            late.append(f"{there.describe()} neither")
+            continue
+        reason = f"{choice.reason}; {why} → {tier.value}"
+        if late:
+            reason += f" ({'; '.join(late)})"
+        return replace(choice, tier=tier, rule="spill:deadline", reason=reason)
+    return replace(choice, reason=f"{choice.reason}; {why}, nor does any tier to spill to")
 
 
 def _chain(tier: Tier, eff: _Effective) -> tuple[Tier, ...]:

@@ -21,6 +21,7 @@ from gateway.api.openapi import chat_request_openapi
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
 from gateway.api.routing import plan_request
 from gateway.api.stream_idle import idle_limited
+from gateway.api.timeout import RequestDeadline
 from gateway.api.timing import StageClock
 from gateway.auth.access import AUTHENTICATED, access
 from gateway.auth.directory import prompts_loggable, tenant_priority
@@ -76,15 +77,14 @@ async def chat_completions(
         stream = admitted.request.stream
         clock.lap("parse")
         routed_at = time.perf_counter()
-        inputs = await rule_inputs(services.rules, tenant, admitted)
+        deadline = RequestDeadline.of(admitted.meta, services.settings.queue, received_at)
+        inputs = await rule_inputs(
+            services.rules, tenant, admitted, time_left_s=deadline.left_s(time.time())
+        )
         plan = plan_request(services, tenant, admitted, inputs)
         await hold_conversation(services.rules, tenant, inputs, plan)
         observe_plan(services, tenant, plan, time.perf_counter() - routed_at)
         clock.lap("route")
-        timeout_ms = min(
-            admitted.meta.timeout_ms or services.settings.queue.default_timeout_ms,
-            services.settings.queue.max_timeout_ms,
-        )
         policy_priority = tenant_priority(services.settings, services.policies, tenant)
         job = Job(
             request_id=request_id,
@@ -95,7 +95,7 @@ async def chat_completions(
             body=capped_body(admitted.body, plan),
             stream=stream,
             enqueued_at=time.time(),
-            deadline=received_at + timeout_ms / 1000,
+            deadline=deadline.at,
             received_at=received_at,
             app=admitted.meta.app,
             tags=admitted.meta.tags,

@@ -1,5 +1,6 @@
 """``POST /v1/route/explain``: the plan the router would make for a chat request, without
-calling a model, queueing anything or writing the ledger."""
+calling a model, queueing anything or writing the ledger. The request's whole timeout (its
+header, else the default) is its time left, as for a request that has just arrived."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from gateway.api.admission import admit, read_body
 from gateway.api.deps import ServicesDep
 from gateway.api.error_docs import refusals
 from gateway.api.routing import live_signals, plan_request
+from gateway.api.timeout import request_timeout_ms
 from gateway.auth.access import ADMIN, RULES, TENANT, access
 from gateway.auth.principals import Principal
 from gateway.errors import InvalidRequest, ModelNotFound, PermissionDenied
@@ -46,12 +48,14 @@ async def explain(
     name = explained_tenant(services, principal, tenant)
     raw = await read_body(request, services.settings.limits.max_body_bytes)
     admitted = admit(raw, dict(request.headers), services.settings.limits)
-    inputs = await rule_inputs(services.rules, name, admitted)
+    timeout_ms = request_timeout_ms(admitted.meta, services.settings.queue)
+    inputs = await rule_inputs(services.rules, name, admitted, time_left_s=timeout_ms / 1000)
     signals = live_signals(services)
     plan = plan_request(services, name, admitted, inputs, signals=signals)
     body = plan.to_dict()
     body["skipped_rules"] = [{"rule": rid, "why": why} for rid, why in plan.skipped_rules]
     waits = {tier.value: round(wait, 3) for tier, wait in signals.expected_wait_s.items()}
+    jobs = {tier.value: round(job_s, 3) for tier, job_s in signals.service_s.items()}
     return {
         "object": "route.plan",
         "tenant": name,
@@ -64,8 +68,10 @@ async def explain(
             else inputs.context.sticky_tier.value,
         },
         "estimated_prompt_tokens": admitted.features.estimated_prompt_tokens,
+        "timeout_ms": timeout_ms,
         "signals": {  # the live state the plan was made on
             "expected_wait_s": dict(sorted(waits.items())),
+            "service_s": dict(sorted(jobs.items())),
             "unavailable": sorted(signals.unavailable),
         },
     }

@@ -31,7 +31,11 @@ def live_signals(services: Services) -> Signals:
     unavailable = watch.open_now if watch is not None else frozenset()
     if snapshot is None:
         return Signals(unavailable=unavailable)
-    return Signals(unavailable=unavailable, expected_wait_s=snapshot.expected_waits())
+    return Signals(
+        unavailable=unavailable,
+        expected_wait_s=snapshot.expected_waits(),
+        service_s=snapshot.service_times(),
+    )
 
 
 def plan_request(

@@ -19,6 +19,7 @@ import typer
 from gateway.rules.setup import changes_channel
 from gateway.rules.store import GLOBAL, RuleVersion, SqlRuleStore
 from gateway.settings import Settings, load_settings
+from router.catalog import Tier
 from router.rules import RequestContext, RuleSet, RulesInvalid, parse_rules
 
 __all__ = ["rules_app"]
@@ -197,8 +198,16 @@ def explain(
     app: Annotated[str | None, typer.Option(help="x-tiergate-app")] = None,
     tags: Annotated[str, typer.Option(help="x-tiergate-tags, comma-separated")] = "",
     max_tokens: Annotated[int | None, typer.Option(help="the request's max_tokens")] = None,
+    timeout_ms: Annotated[
+        int | None, typer.Option(help="x-tiergate-timeout-ms (default: the config's)")
+    ] = None,
+    wait: Annotated[
+        list[str] | None,
+        typer.Option(help="a tier's expected queue wait, TIER=SECONDS (repeatable)"),
+    ] = None,
 ) -> None:
-    """The route plan for a prompt (no model is called), as JSON."""
+    """The route plan for a prompt (no model is called), as JSON. There are no live signals:
+    queue waits are those given with ``--wait`` (none: 0), typical job times unknown."""
     from gateway.services import _FALLBACK_THRESHOLD, build_policies
     from router.features import PromptFeatures
     from router.loader import load_serving_classifier
@@ -217,9 +226,12 @@ def explain(
         raise _fail(f"{rules}: {exc}") from None
     classifier = load_serving_classifier(settings.router.model_path)
     policies = build_policies(settings, classifier.threshold or _FALLBACK_THRESHOLD)
+    from gateway.api.meta import RequestMeta
+    from gateway.api.timeout import request_timeout_ms
     from router.catalog import Signals
     from router.errors import RoutingError
 
+    timeout = request_timeout_ms(RequestMeta(timeout_ms=timeout_ms), settings.queue)
     try:
         plan = decide(
             requested_model=model,
@@ -227,17 +239,30 @@ def explain(
             max_tokens=max_tokens or settings.limits.default_max_tokens,
             policy=policies[tenant],
             catalog=_catalog(settings),
-            signals=Signals(),
+            signals=Signals(expected_wait_s=_waits(wait or [])),
             classifier=classifier,
             rules=ruleset,
             context=RequestContext(
                 app=app,
                 tags=tuple(t.strip() for t in tags.split(",") if t.strip()),
                 now=datetime.now(UTC),
+                time_left_s=timeout / 1000,
             ),
         )
     except RoutingError as exc:
         raise _fail(f"refused: {exc.message}") from None
     body = plan.to_dict()
     body["skipped_rules"] = [{"rule": r, "why": w} for r, w in plan.skipped_rules]
-    typer.echo(json.dumps({"tenant": tenant, **body}, indent=2))
+    typer.echo(json.dumps({"tenant": tenant, **body, "timeout_ms": timeout}, indent=2))
+
+
+def _waits(given: list[str]) -> dict[Tier, float]:
+    """``["large=12", ...]`` → ``{Tier.LARGE: 12.0, ...}``; a malformed one exits 2."""
+    waits: dict[Tier, float] = {}
+    for item in given:
+        name, _, seconds = item.partition("=")
+        try:
+            waits[Tier(name.strip())] = float(seconds)
+        except ValueError:
+            raise _fail(f"--wait {item!r}: give TIER=SECONDS, e.g. large=12", 2) from None
+    return waits

@@ -1,9 +1,9 @@
 """A cached view of every tier's queue, refreshed in the background (never per request).
 
-It feeds the router's ``Signals.expected_wait_s`` (spill-over), a 429's ``Retry-After``, and the
-queue gauges in ``/metrics``. The expected wait of a tier is the work ahead of a new job divided
-by the tier's throughput: ``waiting x service time / capacity``, plus nothing while slots are
-free and nothing waits.
+It feeds the router's ``Signals.expected_wait_s`` and ``Signals.service_s`` (spill-over), a
+429's ``Retry-After``, and the queue gauges in ``/metrics``. The expected wait of a tier is the
+work ahead of a new job divided by the tier's throughput: ``waiting x service time / capacity``,
+plus nothing while slots are free and nothing waits.
 
 It also estimates, per lane and tenant, when a new job would start (``TierView.start_in``), for
 the edge's deadline admission (``gateway.queue.deadline``): the work ahead of it (every job of
@@ -156,6 +156,11 @@ class QueueSnapshot:
     def expected_waits(self) -> dict[Tier, float]:
         known = {t.value for t in Tier}
         return {Tier(t): v.expected_wait_s for t, v in self._views.items() if t in known}
+
+    def service_times(self) -> dict[Tier, float]:
+        """Each tier's typical job time (the workers' published average, else the default)."""
+        known = {t.value for t in Tier}
+        return {Tier(t): v.service_s for t, v in self._views.items() if t in known}
 
     @property
     def tiers(self) -> Sequence[str]:

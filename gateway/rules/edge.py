@@ -1,8 +1,8 @@
 """What the edge does around the (pure) planner for rules: read the inputs, apply the outputs.
 
-Before: the tenant's compiled rules (memory), the request's metadata and time, and the
-conversation's sticky tier (one Redis GET, only for a later turn). After: hold a conversation
-that went large, and lower the body's ``max_tokens`` to a rule's cap.
+Before: the tenant's compiled rules (memory), the request's metadata, time and time left to its
+deadline, and the conversation's sticky tier (one Redis GET, only for a later turn). After: hold
+a conversation that went large, and lower the body's ``max_tokens`` to a rule's cap.
 """
 
 from __future__ import annotations
@@ -38,8 +38,15 @@ class RuleInputs:
 
 
 async def rule_inputs(
-    runtime: RulesRuntime | None, tenant: str, admitted: Admitted, *, now: datetime | None = None
+    runtime: RulesRuntime | None,
+    tenant: str,
+    admitted: Admitted,
+    *,
+    now: datetime | None = None,
+    time_left_s: float | None = None,
 ) -> RuleInputs:
+    """``time_left_s``: from the request's deadline (``gateway.api.timeout``), for deadline
+    spill-over; ``None``: none known (no deadline spill-over)."""
     meta = admitted.meta
     messages = admitted.body.get("messages") or []
     key = conversation_key(meta.conversation_id, messages)
@@ -57,6 +64,7 @@ async def rule_inputs(
         now=now or datetime.now(UTC),
         sticky_tier=sticky,
         conversation=key,
+        time_left_s=time_left_s,
     )
     if runtime is None:
         return RuleInputs(RuleSet(), context, 0)

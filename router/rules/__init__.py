@@ -3,6 +3,7 @@ purely — first match wins. See docs/rules.md."""
 
 from router.rules.compiled import (
     DEFAULT_LARGE_WAIT_TARGET_S,
+    DEFAULT_SPILL_ON_DEADLINE,
     DEFAULT_SPILL_TO,
     CompiledRule,
     RuleSet,
@@ -14,6 +15,7 @@ from router.rules.source import MAX_RULE_BYTES, parse_rules
 
 __all__ = [
     "DEFAULT_LARGE_WAIT_TARGET_S",
+    "DEFAULT_SPILL_ON_DEADLINE",
     "DEFAULT_SPILL_TO",
     "MAX_RULE_BYTES",
     "CompiledRule",

@@ -13,6 +13,7 @@ from router.rules.schema import Action, Condition, RuleFileModel, RuleModel
 
 __all__ = [
     "DEFAULT_LARGE_WAIT_TARGET_S",
+    "DEFAULT_SPILL_ON_DEADLINE",
     "DEFAULT_SPILL_TO",
     "CompiledRule",
     "RuleSet",
@@ -21,6 +22,7 @@ __all__ = [
 
 DEFAULT_LARGE_WAIT_TARGET_S = 30.0
 DEFAULT_SPILL_TO = (Tier.EXTERNAL, Tier.SMALL)
+DEFAULT_SPILL_ON_DEADLINE = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,7 @@ class RuleSet:
     large_wait_target_s: float | None = None
     spill_to: tuple[Tier, ...] | None = None
     lines: Mapping[str, int | None] = field(default_factory=dict)
+    spill_on_deadline: bool | None = None
 
     @property
     def uses_score(self) -> bool:
@@ -88,6 +91,13 @@ class RuleSet:
     def spill_order(self) -> tuple[Tier, ...]:
         return DEFAULT_SPILL_TO if self.spill_to is None else self.spill_to
 
+    @property
+    def deadline_spill(self) -> bool:
+        """Whether traffic that cannot start on the large tier before its deadline spills."""
+        return (
+            DEFAULT_SPILL_ON_DEADLINE if self.spill_on_deadline is None else self.spill_on_deadline
+        )
+
     def then(self, fallback: RuleSet) -> RuleSet:
         """These rules, then ``fallback``'s (global defaults); these defaults win where set."""
         return RuleSet(
@@ -98,11 +108,16 @@ class RuleSet:
                 else fallback.large_wait_target_s
             ),
             spill_to=self.spill_to if self.spill_to is not None else fallback.spill_to,
+            spill_on_deadline=(
+                self.spill_on_deadline
+                if self.spill_on_deadline is not None
+                else fallback.spill_on_deadline
+            ),
         )
 
     def scoped(self, scope: str) -> RuleSet:
         rules = tuple(replace(r, scope=scope) for r in self.rules)
-        return RuleSet(rules, self.large_wait_target_s, self.spill_to, self.lines)
+        return replace(self, rules=rules)
 
 
 def compile_rules(model: RuleFileModel, *, lines: Mapping[str, int | None]) -> RuleSet:
@@ -128,4 +143,5 @@ def compile_rules(model: RuleFileModel, *, lines: Mapping[str, int | None]) -> R
         large_wait_target_s=model.defaults.large_wait_target_s,
         spill_to=model.defaults.spill_to,
         lines=dict(lines),
+        spill_on_deadline=model.defaults.spill_on_deadline,
     )

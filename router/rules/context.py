@@ -14,8 +14,9 @@ __all__ = ["RequestContext"]
 class RequestContext:
     """Request attributes for rule conditions, and the conversation's sticky tier.
 
-    The gateway fills it before the (pure) decision: ``now`` is read there, and so is
-    ``sticky_tier`` (the tier an earlier turn of the same conversation went to).
+    The gateway fills it before the (pure) decision: ``now`` is read there, and so are
+    ``sticky_tier`` (the tier an earlier turn of the same conversation went to) and
+    ``time_left_s`` (from the same deadline the request's job gets).
     """
 
     app: str | None = None
@@ -26,3 +27,6 @@ class RequestContext:
     sticky_tier: Tier | None = None
     conversation: str | None = None
     """The conversation key stickiness uses (a client id, or a hash of the first messages)."""
+    time_left_s: float | None = None
+    """Seconds from the decision to the request's deadline (the edge reads the clock);
+    ``None``: unknown, and deadline spill-over does not apply."""

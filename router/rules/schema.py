@@ -205,7 +205,11 @@ class Defaults(_Strict):
     """Large tier's expected wait above which ``auto`` traffic spills (``None``: inherit;
     the built-in default is 30 s)."""
     spill_to: tuple[Tier, ...] | None = None
-    """Where spilled traffic goes, first allowed wins (built-in: external, then small)."""
+    """Where spilled traffic goes, first allowed wins (built-in: external, then small); ``[]``:
+    no spill-over at all."""
+    spill_on_deadline: bool | None = None
+    """Whether ``auto`` traffic bound for the large tier also spills when it cannot start there
+    before its deadline, whatever the target (``None``: inherit; built-in: true)."""
 
     _lists = field_validator("spill_to", mode="before")(_listify)
 

@@ -86,6 +86,26 @@ def test_explain_a_file_before_shipping(config: Path) -> None:
     assert "gpt-4o-mini" not in plan["deployments"]
 
 
+def test_explain_shows_a_deadline_spill_for_a_given_wait(tmp_path: Path, config: Path) -> None:
+    """No live signals in the CLI: ``--wait`` supplies the large tier's, ``--timeout-ms`` the
+    request's time left (default: the config's default timeout)."""
+    rules = tmp_path / "all-large.yaml"
+    rules.write_text("rules:\n  - id: all-large\n    then: {threshold: 0}\n")
+    args = ("explain", "--tenant", "acme", "-c", str(config), "--rules", str(rules),
+            "--prompt", "hello", "--wait", "large=12")  # fmt: skip
+    code, out = run(*args)
+    assert code == 0, out
+    plan = json.loads(out)
+    assert (plan["tier"], plan["rule"], plan["timeout_ms"]) == ("large", "rule:all-large", 120_000)
+    code, out = run(*args, "--timeout-ms", "5000")
+    assert code == 0, out
+    plan = json.loads(out)
+    assert (plan["tier"], plan["rule"], plan["timeout_ms"]) == ("external", "spill:deadline", 5000)
+    assert "deadline in 5.0 s: large tier's expected wait 12.0 s does not fit" in plan["reason"]
+    code, out = run(*args, "--wait", "huge=3")
+    assert code == 2 and "TIER=SECONDS" in out
+
+
 def test_apply_refuses_invalid_rules_and_unknown_tenants(tmp_path: Path, config: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules: 5\n")

@@ -302,6 +302,133 @@ def test_default_spill_over_when_large_wait_is_over_target() -> None:
     assert on_prem.tier is Tier.SMALL
 
 
+def waits(large: float, *, job: float = 0.0, **others: float) -> Signals:
+    """The large tier's expected wait and typical job time, and other tiers' waits."""
+    return Signals(
+        expected_wait_s={Tier.LARGE: large, **{Tier(t): w for t, w in others.items()}},
+        service_s={Tier.LARGE: job} if job else {},
+    )
+
+
+def left(seconds: float | None) -> RequestContext:
+    return RequestContext(now=NOON, time_left_s=seconds)
+
+
+def test_deadline_spill_when_the_wait_is_longer_than_the_time_left() -> None:
+    """12 s of wait is under the 30 s target, but the request has 5 s: it moves."""
+    result = plan("", score=0.9, signals=waits(12.0), context=left(5.0))
+    assert (result.tier, result.rule) == (Tier.EXTERNAL, "spill:deadline")
+    assert result.deployments[0] == "ext-a"
+    assert result.reason == (
+        "score 0.90 ≥ threshold 0.50 → large; deadline in 5.0 s: large tier's expected wait "
+        "12.0 s does not fit → external"
+    )
+
+
+def test_deadline_spill_leaves_time_for_a_typical_job() -> None:
+    """The allowance is the large tier's typical job time: a worker does not start a job with
+    less time left than that, so 3 s of wait + 4 s of job do not fit into 5 s."""
+    result = plan("", score=0.9, signals=waits(3.0, job=4.0), context=left(5.0))
+    assert (result.tier, result.rule) == (Tier.EXTERNAL, "spill:deadline")
+    assert "deadline in 5.0 s: large tier's expected wait 3.0 s + a typical job 4.0 s" in (
+        result.reason
+    )
+
+
+@pytest.mark.parametrize(
+    ("signals", "time_left_s"),
+    [
+        (waits(3.0, job=2.0), 5.0),  # 3 + 2 fit into 5
+        (waits(5.0), 5.0),  # exactly fits
+        (waits(0.0, job=6.0), 5.0),  # nothing waits: it starts at once, the queue is not late
+        (waits(12.0), None),  # no deadline known
+        (Signals(), 1.0),  # no estimate
+    ],
+)
+def test_no_deadline_spill_when_the_job_can_start_in_time(
+    signals: Signals, time_left_s: float | None
+) -> None:
+    result = plan("", score=0.9, signals=signals, context=left(time_left_s))
+    assert (result.tier, result.rule) == (Tier.LARGE, "auto:threshold")
+    assert "deadline" not in result.reason
+
+
+def test_over_the_target_the_wait_spill_says_so_first() -> None:
+    result = plan("", score=0.9, signals=waits(45.0), context=left(5.0))
+    assert result.rule == "spill:large_wait"
+
+
+def test_deadline_spill_respects_forbidden_tiers_and_spill_to() -> None:
+    late = {"signals": waits(12.0), "context": left(5.0), "score": 0.9}
+    on_prem = plan(one_rule("{}", "{forbid_external: true}"), **late)
+    assert (on_prem.tier, on_prem.rule) == (Tier.SMALL, "spill:deadline")
+    assert "ext-a" not in on_prem.deployments
+    small_only = plan("defaults: {spill_to: small}\n", **late)
+    assert (small_only.tier, small_only.rule) == (Tier.SMALL, "spill:deadline")
+    nowhere = plan(one_rule("{}", "{forbid_tiers: [external, small]}"), **late)
+    assert (nowhere.tier, nowhere.rule) == (Tier.LARGE, "rule:r")
+    assert nowhere.reason.endswith("does not fit, nor does any tier to spill to")
+    assert plan("defaults: {spill_to: []}\n", **late).tier is Tier.LARGE  # no spill-over at all
+    no_external = dataclasses.replace(POLICY, allowed_tiers=frozenset({Tier.SMALL, Tier.LARGE}))
+    result = decide(
+        requested_model="auto", features=PromptFeatures.from_text("hi"), max_tokens=64,
+        policy=no_external, catalog=CATALOG, signals=waits(12.0), classifier=FixedScore(0.9),
+        rules=rules_of(""), context=left(5.0),
+    )  # fmt: skip
+    assert (result.tier, result.rule) == (Tier.SMALL, "spill:deadline")
+
+
+def test_deadline_spill_skips_tiers_that_are_late_too_or_have_no_deployment() -> None:
+    late = {"context": left(5.0), "score": 0.9}
+    busy = plan("", signals=waits(12.0, external=8.0), **late)
+    assert (busy.tier, busy.rule) == (Tier.SMALL, "spill:deadline")
+    assert "→ small (external tier's expected wait 8.0 s neither)" in busy.reason
+    stuck = plan("", signals=waits(12.0, external=8.0, small=6.0), **late)
+    assert (stuck.tier, stuck.rule) == (Tier.LARGE, "auto:threshold")
+    without_external = decide(
+        requested_model="auto", features=PromptFeatures.from_text("hi"), max_tokens=64,
+        policy=POLICY, catalog=Catalog((SMALL, LARGE)), signals=waits(12.0),
+        classifier=FixedScore(0.9), rules=rules_of(""), context=left(5.0),
+    )  # fmt: skip
+    assert (without_external.tier, without_external.rule) == (Tier.SMALL, "spill:deadline")
+
+
+@pytest.mark.parametrize(
+    ("rules", "model", "expected"),
+    [
+        ("", "large", (Tier.LARGE, "pin:tier")),
+        ("", "large-a", (Tier.LARGE, "pin:model")),
+        (one_rule("{}", "{tier: large}"), "auto", (Tier.LARGE, "rule:r")),
+    ],
+)
+def test_a_request_pinned_to_the_large_tier_is_not_moved(
+    rules: str, model: str, expected: tuple[Tier, str]
+) -> None:
+    result = plan(rules, model=model, score=0.9, signals=waits(12.0), context=left(5.0))
+    assert (result.tier, result.rule) == expected
+    assert "deadline" not in result.reason
+
+
+def test_a_sticky_conversation_spills_on_its_deadline_too() -> None:
+    sticky = RequestContext(now=NOON, sticky_tier=Tier.LARGE, conversation="c1", time_left_s=5.0)
+    result = plan("", score=0.1, signals=waits(12.0), context=sticky)
+    assert (result.tier, result.rule) == (Tier.EXTERNAL, "spill:deadline")
+    assert "stays large; deadline in 5.0 s" in result.reason
+
+
+def test_spill_on_deadline_can_be_turned_off_and_is_inherited() -> None:
+    late = {"signals": waits(12.0), "context": left(5.0), "score": 0.9}
+    off = plan("defaults: {spill_on_deadline: false}\n", **late)
+    assert (off.tier, off.rule) == (Tier.LARGE, "auto:threshold")
+    global_off = rules_of("defaults: {spill_on_deadline: false}\n").scoped("global")
+    assert rules_of("").then(global_off).deadline_spill is False
+    assert rules_of("defaults: {spill_on_deadline: true}\n").then(global_off).deadline_spill
+    assert rules_of("").then(rules_of("")).deadline_spill  # built-in: on
+    with pytest.raises(RulesInvalid) as caught:
+        rules_of("defaults:\n  spill_on_deadline: sometimes\n")
+    assert caught.value.line == 2 and caught.value.path == "defaults.spill_on_deadline"
+
+
 def test_evaluation_is_fast() -> None:
     """Not a timing test: 200 rules that all miss are evaluated without recompiling."""
     body = "".join(

@@ -1,9 +1,10 @@
 """Deadline admission: a job that is not expected to start before its deadline is refused at once
-(429 ``deadline_unreachable``), one with room is queued; the estimate per lane and tenant.
+(429 ``deadline_unreachable``), one with room is queued; the estimate per lane and tenant; and
+an ``auto`` request the large tier cannot start in time spills (``spill:deadline``) instead.
 
 The estimate and the rule are pure (``TierView``, ``DeadlineAdmission``); the snapshot's inputs
 (per-tenant waiting jobs, a lane's drain rate) come from the real Redis; the end-to-end cases run
-the gateway in process (real services and workers, the simulator over HTTP, SQLite)."""
+the gateway in process (real services and workers, simulators over HTTP, SQLite)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 import redis.asyncio as aioredis
 
@@ -27,10 +30,12 @@ from gateway.queue.replies import ReplyRouter
 from gateway.queue.snapshot import QueueSnapshot, TierQueue, TierView
 from gateway.services import Services
 from router.catalog import Tier
+from router.plan import RoutePlan
 from tests.gateway.queue.conftest import job
-from tests.inprocess import SMALL, inprocess_gateway
+from tests.inprocess import LARGE, SMALL, inprocess_gateway
 
 KEY = {"authorization": "Bearer dev-acme"}
+ADMIN = {"authorization": "Bearer dev-admin"}
 
 
 def _view(**kw: Any) -> TierView:
@@ -115,23 +120,35 @@ async def test_the_snapshot_sees_each_tenants_waiting_jobs_and_the_lanes_drain_r
     assert await redis_conn.get(keys.taken("small", "batch")) == b"4"
 
 
-async def _fill(services: Services, key_prefix: str, jobs: int) -> list[tuple[str, str]]:
-    """Hold every slot of the small tier (but the one a worker holds while idle, which takes
-    the first job: a few seconds at the simulator's speed), queue ``jobs`` interactive jobs of
-    another tenant, and say a job takes 2 s: a standard-lane request of acme then waits about
-    ``jobs`` x 2 s / slots."""
+async def _fill(
+    services: Services,
+    key_prefix: str,
+    jobs: int,
+    *,
+    tier: Tier = Tier.SMALL,
+    model: str = SMALL,
+    max_tokens: int = 300,
+) -> list[tuple[str, str]]:
+    """Hold every slot of ``tier`` (but the one a worker holds while idle, which takes the
+    first job: a few seconds at the simulator's speed), queue ``jobs`` interactive jobs of
+    another tenant for ``model``, and say a job takes 2 s: a standard-lane request of acme then
+    waits about ``jobs`` x 2 s / slots."""
     assert services.queue_snapshot is not None
-    spec = services.queue_snapshot.spec("small")
+    spec = services.queue_snapshot.spec(tier)
     leases = SlotLeases(services.redis)
     held: list[tuple[str, str]] = []
     for key in spec.slot_keys:
         while await leases.acquire(key, f"test-{len(held)}", spec.capacity):
             held.append((key, f"test-{len(held)}"))
     lanes = LaneQueue(services.redis, services.redis_keys)
+    plan = RoutePlan(tier=tier, deployments=(model,), rule="pin:tier", reason="filler")
     for n in range(jobs):
-        filler = job(f"fill-{n}", "nobody", tenant="other", priority="interactive", max_tokens=300)
+        filler = job(
+            f"fill-{n}", "nobody", tenant="other", priority="interactive", max_tokens=max_tokens
+        )
+        filler = dataclasses.replace(filler, plan=plan, body={**filler.body, "model": model})
         await lanes.enqueue(
-            tier="small",
+            tier=tier.value,
             lane="interactive",
             tenant="other",
             job=filler.encode(),
@@ -139,7 +156,7 @@ async def _fill(services: Services, key_prefix: str, jobs: int) -> list[tuple[st
             max_depth=1000,
         )
     await asyncio.sleep(0.3)  # a worker holding an idle slot may take one and publish its time
-    await services.redis.set(services.redis_keys.service_time("small"), "2.0")
+    await services.redis.set(services.redis_keys.service_time(tier.value), "2.0")
     await services.queue_snapshot.refresh()
     return held
 
@@ -242,6 +259,99 @@ async def test_with_the_setting_off_it_waits_for_its_504(
         assert late.status_code == 504, late.text
         row = await _row(services, late.headers["x-request-id"])
         assert row is not None and row.status_code == 504
+
+
+def _auto_goes_large(config: dict[str, Any]) -> None:
+    for tenant in config["tenants"].values():
+        tenant["threshold"] = 0.0  # every score is at or over it: auto traffic is bound large
+
+
+def _openai(app: Any, tenant: str) -> openai.AsyncOpenAI:
+    """The official client, talking to the in-process app."""
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), timeout=60)
+    return openai.AsyncOpenAI(
+        base_url="http://tiergate/v1", api_key=f"dev-{tenant}", http_client=http, max_retries=0
+    )
+
+
+async def _explain(client: httpx.AsyncClient, tenant: str, **headers: str) -> dict[str, Any]:
+    reply = await client.post(
+        "/v1/route/explain",
+        json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"authorization": f"Bearer dev-{tenant}", **headers},
+    )
+    assert reply.status_code == 200, reply.text
+    plan: dict[str, Any] = reply.json()
+    return plan
+
+
+async def test_a_short_deadline_spills_off_the_large_tier_instead_of_a_429(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """An ``auto`` request bound for a large tier with about 5 s of work ahead, with 3 s to its
+    deadline: acme, whose rules turn deadline spill-over off (as before it existed), is refused
+    429 ``deadline_unreachable`` on the large tier; globex's, by default, spills to the small
+    tier (the config has no external one) and is answered there, and its ledger row, headers
+    and explain say ``spill:deadline``."""
+    async with inprocess_gateway(
+        redis_url,
+        key_prefix,
+        tmp_path,
+        time_scale=1.0,
+        edit=_auto_goes_large,
+        models=(SMALL, LARGE),
+    ) as (services, app, client):
+        put = await client.put(
+            "/v1/rules/acme", content="defaults: {spill_on_deadline: false}\n", headers=ADMIN
+        )
+        assert put.status_code == 200, put.text
+        for _ in range(100):
+            if (await _explain(client, "acme"))["rules_version"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        await _fill(services, key_prefix, 40, tier=Tier.LARGE, model=LARGE, max_tokens=60)
+        assert services.queue_snapshot is not None
+        wait = services.queue_snapshot.expected_wait("large")
+        assert wait > 3.0, services.queue_snapshot.view("large")  # ~41 x 2 s / 16 slots
+        short = {"x-tiergate-timeout-ms": "3000"}
+
+        calm = await _explain(client, "globex")  # the default timeout (120 s): room enough
+        assert (calm["tier"], calm["rule"]) == ("large", "auto:threshold")
+        assert calm["timeout_ms"] == 120_000
+        shown = await _explain(client, "globex", **short)
+        assert (shown["tier"], shown["rule"]) == ("small", "spill:deadline")
+        assert shown["timeout_ms"] == 3000
+        assert shown["deployments"][0] == SMALL
+        assert "; deadline in 3.0 s: large tier's expected wait " in shown["reason"]
+        assert shown["reason"].endswith("does not fit → small"), shown["reason"]
+        assert shown["signals"]["service_s"]["large"] > 0
+
+        messages: Any = [{"role": "user", "content": "hi"}]
+        before = _openai(app, "acme")
+        with pytest.raises(openai.RateLimitError) as refused:
+            await before.chat.completions.create(
+                model="auto", messages=messages, max_tokens=8, extra_headers=short
+            )
+        assert refused.value.code == "deadline_unreachable"
+        await before.close()
+        row = await _row(services, refused.value.response.headers["x-request-id"])
+        assert row is not None and row.status_code == 429
+        assert (row.outcome, row.tier, row.rule) == (
+            "deadline_unreachable", "large", "auto:threshold"
+        )  # fmt: skip
+
+        after = _openai(app, "globex")
+        raw = await after.chat.completions.with_raw_response.create(
+            model="auto", messages=messages, max_tokens=8, extra_headers=short
+        )
+        answer = raw.parse()
+        await after.close()
+        assert answer.choices[0].message.content
+        assert raw.headers["x-tiergate-rule"] == "spill:deadline"
+        assert (raw.headers["x-tiergate-tier"], raw.headers["x-tiergate-model"]) == ("small", SMALL)
+        row = await _row(services, raw.headers["x-request-id"])
+        assert row is not None and (row.status_code, row.outcome) == (200, "ok")
+        assert (row.tier, row.deployment, row.rule) == ("small", SMALL, "spill:deadline")
 
 
 async def test_the_dispatcher_judges_the_tier_the_plan_queues_in(
