@@ -48,6 +48,7 @@ from gateway.limits.idempotency import Idempotency
 from gateway.limits.rate import RateLimiter
 from gateway.metrics import Metrics
 from gateway.observability.tracing import Tracing
+from gateway.queue.billing import Billing
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.connection import redis_client
 from gateway.queue.deadline import DeadlineAdmission
@@ -55,6 +56,7 @@ from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.executor import Executor
 from gateway.queue.keys import RedisKeys
 from gateway.queue.load import LoadScraper
+from gateway.queue.noted import NotedBooking
 from gateway.queue.notes import RunNotes
 from gateway.queue.pool import BackendPool, Replica
 from gateway.queue.replies import ReplyRouter
@@ -394,6 +396,9 @@ async def open_services(
             expected_wait=snapshot.expected_wait,
             idempotency=idempotency,
             local=worker if settings.queue.direct_start else None,
+            noted=NotedBooking(
+                redis, redis_keys, Billing(prices, catalog, directory.baselines), writer
+            ),
             deadline=(
                 DeadlineAdmission(
                     snapshot.view,

@@ -164,7 +164,8 @@ async def _settle_repeat(services: Services, job: Job) -> None:
 
 async def _abandoned(services: Services, job: Job) -> NoReturn:
     """The client went away while its job waited or ran: stop the job; a job that never
-    started is booked here (raising makes the handler book it), a started one by its worker."""
+    started is booked here (raising makes the handler book it), a started one by its worker,
+    one handed back with its calls noted by the dispatcher, from the note."""
     gone = ClientDisconnected("the client closed the connection before the answer")
     if await services.dispatcher.abandon(job):
         raise gone

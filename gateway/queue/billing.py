@@ -9,6 +9,9 @@ zero), the part of the cost priced from estimated usage (``gateway.accounting.es
 timings, and the downgrade tag (``gateway.faults.chains``) when a lower tier than planned
 served the answer. The replies carry the same figures: the route with a stream's first chunk
 (its headers), cost and tokens with the answer or the stream's end.
+
+A job that no run will finish (its edge took its claim after a run handed it back) is billed the
+calls its runs noted, under the answer its owner gave (``noted``).
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from typing import Any, Protocol
 
 from backends.types import Usage
 from gateway.accounting.records import Attempt, LedgerEntry, to_micro
+from gateway.errors import GatewayError
 from gateway.faults.chains import DOWNGRADE_TAG, is_downgrade
 from gateway.queue.jobs import Job
+from gateway.queue.notes import RunNote
 from gateway.queue.run import Run
 from router.catalog import Catalog
 
@@ -45,6 +50,22 @@ class Billing:
         self._prices = prices
         self._catalog = catalog
         self._baselines = baselines  # read at each booking: TenantDirectory.baselines
+
+    def external(self, deployment: str) -> bool:
+        """Served by a hosted API, which bills us (``DeploymentSpec.external``)."""
+        spec = self._catalog.get(deployment)
+        return spec is not None and spec.external
+
+    def noted(
+        self, job: Job, note: RunNote, answer: GatewayError
+    ) -> tuple[LedgerEntry, dict[str, Any]]:
+        """A job no run will finish, answered ``answer`` by whoever holds it: its entry, which
+        books the calls its runs noted (the one in flight as lost: ``RunNote.booked``), and the
+        figures its reply carries. Nothing runs now: no deployment answered, no backend time."""
+        run = Run(job, time.time(), reclaimed=True)
+        run.carried = note.booked(job.body, external=self.external)
+        entry = self.entry(run, answer.outcome, answer.status)
+        return entry, self.meta(run, entry)
 
     def served(self, run: Run, deployment: str) -> None:
         """``deployment`` answers the run: it is booked to its tier, flagged when a downgrade."""

@@ -4,13 +4,18 @@ Ownership of a request's outcome is settled by one ``SET NX`` on its claim key: 
 it before it starts a job; the edge sets it when the deadline passes first. Whoever wins writes
 the ledger entry, so a request is never answered 504 *and* run, nor booked twice.
 
-A job that had started (a worker holds its claim, it was started at once or handed over, or a
-run handed it back with its calls noted) and gave no answer by the deadline plus
-``_RUNNING_GRACE_S`` is answered 504 with ``RunTimedOut``: the edge books that 504
-*provisional*, since a run may still book the request (its worker died and another takes it
-over, or it simply finishes late), and the run's entry then replaces the row's bookkeeping
-(``gateway.accounting.supersede``). A job that never started is answered with a plain
-``DeadlineExceeded``, booked final.
+A job that had started (a worker holds its claim, or it was started at once or handed over)
+and gave no answer by the deadline plus ``_RUNNING_GRACE_S`` is answered 504 with
+``RunTimedOut``: the edge books that 504 *provisional*, since a run may still book the request
+(its worker died and another takes it over, or it simply finishes late), and the run's entry
+then replaces the row's bookkeeping (``gateway.accounting.supersede``). A job that never started
+is answered with a plain ``DeadlineExceeded``, booked final.
+
+A job a run handed back at shutdown has no claim, but its calls are noted
+(``gateway.queue.notes``). When the edge takes its claim — the deadline passed, or the client
+left — it reads the note in the same round trip, and books the request itself from it
+(``gateway.queue.noted``): no run can start once the edge holds the claim, so nothing is left
+for a worker to add, and nothing waits for one.
 
 When the process also runs a worker (``local``), a job that would be taken at once is started
 by it directly (``Worker.start_now``): no wait in a stream, no reply stream, and no edge claim
@@ -27,27 +32,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.errors import DeadlineExceeded, RateLimited, RunTimedOut, ServiceUnavailable
+from gateway.errors import (
+    ClientDisconnected,
+    DeadlineExceeded,
+    GatewayError,
+    RateLimited,
+    RunTimedOut,
+    ServiceUnavailable,
+)
 from gateway.limits.idempotency import Idempotency
 from gateway.queue.deadline import DeadlineAdmission
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import HANDED_OFF, Handoff, LaneQueue, QueueFull, lane_of
+from gateway.queue.notes import RunNote, parse_note
 from gateway.queue.replies import ReplyRouter
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EDGE_CLAIM", "Dispatcher", "LocalStart"]
+__all__ = ["EDGE_CLAIM", "Dispatcher", "LocalStart", "NotedBooker"]
 
 EDGE_CLAIM = "edge"
 _RUNNING_GRACE_S = 5.0
@@ -56,16 +69,22 @@ backend timeouts end it at the deadline, so this only covers a worker that died 
 late); the 504 the edge answers then is booked provisional (``RunTimedOut``)."""
 
 
-class _Claim(enum.Enum):
+@dataclass(frozen=True, slots=True)
+class _Claim:
     """What the edge's claim at the deadline (or when its client left) found."""
 
-    WORKER = "worker"
-    """A worker holds the job: it runs it and books it."""
-    NEVER_RAN = "never ran"
-    """The edge holds it now and no run noted a call: nothing will ever run it (a final row)."""
-    RAN = "ran"
-    """The edge holds it now, but a run handed it back with its calls noted: a worker that
-    finds the job will book those calls (``Worker``), so the edge's row is provisional."""
+    edge: bool
+    """The edge holds the job now: nothing will ever run it. Else a worker holds it: it runs
+    it and books it."""
+    note: RunNote | None = None
+    """The calls a run noted before it handed the job back (the edge's claim only): the
+    request's row books them. ``None``: no run made a call."""
+
+
+class NotedBooker(Protocol):
+    """Books a handed-back job the edge took over from its note (``gateway.queue.noted``)."""
+
+    async def book(self, job: Job, note: RunNote, answer: GatewayError) -> Reply: ...
 
 
 class LocalStart(Protocol):
@@ -91,12 +110,15 @@ class Dispatcher:
         idempotency: Idempotency | None = None,
         local: LocalStart | None = None,
         deadline: DeadlineAdmission | None = None,
+        noted: NotedBooker | None = None,
     ) -> None:
         """``tier_max_depth`` overrides ``max_depth`` per tier; ``weights`` are tenants' fair
         shares (default 1), read at each submit (a live view: ``TenantDirectory.weights``);
         ``expected_wait(tier)`` (s) sets a refusal's ``Retry-After``; ``local``: this process's
         worker, which starts jobs at once when they need not wait; ``deadline``: refuse at once
-        a job that is not expected to start before its deadline (``None``: never)."""
+        a job that is not expected to start before its deadline (``None``: never); ``noted``:
+        books a handed-back job whose claim the edge takes, from its note (``None``, in tests:
+        left to the worker that finds the job, and a 504 is provisional)."""
         self._redis = redis
         self._keys = keys
         self._replies = replies
@@ -109,6 +131,7 @@ class Dispatcher:
         self._idempotency = idempotency
         self._local = local
         self._deadline = deadline
+        self._noted = noted
         self._abandoning: set[asyncio.Task[bool]] = set()
 
     async def submit(self, job: Job) -> AsyncIterator[Reply]:
@@ -159,7 +182,7 @@ class Dispatcher:
                 job=job.encode(),
                 weight=weight,
                 max_depth=self._tier_max_depth.get(tier, self._max_depth),
-                handoff=Handoff(job.request_id, self._worker_claim_ttl(job)),
+                handoff=Handoff(job.request_id, self._claim_ttl(job)),
             )
         except QueueFull as full:
             self._replies.unregister(job.request_id)
@@ -176,9 +199,11 @@ class Dispatcher:
             raise
         return self._replies_of(job, queue, started=depth == HANDED_OFF)
 
-    def _worker_claim_ttl(self, job: Job) -> int:
-        """The claim an enqueue takes for the worker it hands ``job`` to lives as long as the
-        one that worker would take itself (``Worker._claim_ttl``)."""
+    def _claim_ttl(self, job: Job) -> int:
+        """A claim on ``job`` lives as long as the one a worker takes (``Worker._claim_ttl``),
+        and the job's run note: until ``claim_ttl_s`` past its deadline. The claim an enqueue
+        takes for the worker it hands the job to, and the edge's: a job whose client left long
+        before its deadline is never started by a worker that finds it later."""
         return max(int(job.deadline - time.time()) + self._claim_ttl_s, self._claim_ttl_s)
 
     async def _replies_of(
@@ -205,17 +230,19 @@ class Dispatcher:
                             "the backend did not finish before the deadline"
                         ) from None
                     claim = await self._claim_for_edge(job)
-                    if claim is _Claim.RAN:
-                        raise RunTimedOut(
-                            "the request was handed back and not taken over before its deadline"
-                        ) from None
-                    if claim is _Claim.NEVER_RAN:
+                    if not claim.edge:
+                        claimed_by_worker = True
+                        deadline = job.deadline + _RUNNING_GRACE_S
+                        continue
+                    if claim.note is None:
                         raise DeadlineExceeded(
                             "the request could not start before its deadline"
                         ) from None
-                    claimed_by_worker = True
-                    deadline = job.deadline + _RUNNING_GRACE_S
-                    continue
+                    late = "the request was handed back and not taken over before its deadline"
+                    booked = await self._book_noted(job, claim.note, DeadlineExceeded(late))
+                    if booked is None:  # left to the worker that finds the job
+                        raise RunTimedOut(late) from None
+                    item = booked  # booked here: answered as a worker's error is
                 if isinstance(item, BaseException):
                     raise item
                 yield item
@@ -226,12 +253,19 @@ class Dispatcher:
 
     async def abandon(self, job: Job) -> bool:
         """The client of ``job`` went away. ``True``: the job had not started and never will
-        (the edge took its claim; the caller books it). ``False``: a worker runs it and has been
-        told to stop (directly, or on the cancel channel)."""
+        (the edge took its claim; the caller books it). ``False``: it is booked elsewhere — by
+        the worker that runs it, told to stop (directly, or on the cancel channel), or here: a
+        job handed back with its calls noted, whose claim the edge took, is booked from its
+        note (``gateway.queue.noted``)."""
         if self._local is not None and self._local.cancel(job.request_id):
             return False  # it runs in this process (started at once, or taken here)
-        if await self._claim_for_edge(job) is not _Claim.WORKER:
-            return True
+        claim = await self._claim_for_edge(job)
+        if claim.edge:
+            if claim.note is None:
+                return True  # it never ran: a plain refusal
+            gone = ClientDisconnected("the client closed the connection before the answer")
+            await self._book_noted(job, claim.note, gone)  # no booker: the worker that finds it
+            return False
         try:
             await self._redis.publish(self._keys.cancels, job.request_id)
         except (RedisError, OSError) as exc:
@@ -265,19 +299,28 @@ class Dispatcher:
         return float(min(max(math.ceil(wait), 1), 60))
 
     async def _claim_for_edge(self, job: Job) -> _Claim:
-        """Take the job's claim for the edge (``SET NX``), and, in the same round trip, see
-        whether a run left a note of its calls: a job handed back at shutdown has no claim
-        but ran (``gateway.queue.notes``). The note is in another slot than the claim, so it is
-        read beside the script-free ``SET``, not inside it; once the edge holds the claim no
-        run can start, so nothing writes a note between the two."""
+        """Take the job's claim for the edge (``SET NX``), and, in the same round trip, read
+        the note a run left of its calls: a job handed back at shutdown has no claim but ran
+        (``gateway.queue.notes``). The note is in another slot than the claim, so it is read
+        beside the script-free ``SET``, not inside it; a run writes its note before it releases
+        the claim, and once the edge holds the claim no run can start, so the note read is the
+        last one."""
         claim = self._keys.claim(job.plan.tier.value, job.request_id)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.set(claim, EDGE_CLAIM, nx=True, ex=self._claim_ttl_s)
-                pipe.exists(self._keys.run_note(job.request_id))
-                won, noted = await pipe.execute()
+                pipe.set(claim, EDGE_CLAIM, nx=True, ex=self._claim_ttl(job))
+                pipe.get(self._keys.run_note(job.request_id))
+                won, raw = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
         if not won:
-            return _Claim.WORKER
-        return _Claim.RAN if noted else _Claim.NEVER_RAN
+            return _Claim(edge=False)
+        return _Claim(edge=True, note=parse_note(raw, job.request_id))
+
+    async def _book_noted(self, job: Job, note: RunNote, answer: GatewayError) -> Reply | None:
+        """Book a handed-back job the edge took over, answered ``answer``, from its note; the
+        reply its client gets. ``None``: this edge books no notes (the worker that finds the
+        job books them: ``Worker``)."""
+        if self._noted is None:
+            return None
+        return await self._noted.book(job, note, answer)

@@ -151,24 +151,25 @@ class Executor:
             return entry
 
     async def noted(self, job: Job) -> LedgerEntry | None:
-        """The entry of a job the edge answered itself after a run had handed it back: the
-        calls that run noted (``None``: no note, nothing to book), under the answer the edge
-        gave — a 504 past the deadline, else its client left. Nothing is run or sent. It
-        replaces the bookkeeping of the edge's provisional row (``gateway.accounting
-        .supersede``); against a final row it changes nothing."""
+        """The entry of a job whose claim the edge took after a run had handed it back, when
+        the edge did not book it (``gateway.queue.noted``: the edge books the noted calls and
+        deletes the note, so a note still here means its process stopped in between): the calls
+        that run noted (``None``: no note, nothing to book), under the answer the edge gave — a
+        504 past the deadline, else its client left. Nothing is run or sent. The ledger keeps
+        the request's first entry, so against the edge's row it changes nothing (it replaces
+        the provisional 504 of an edge that books no notes: ``gateway.accounting.supersede``)."""
         if self._notes is None:
             return None
         note = await self._notes.read(job.request_id)
         if note is None:
             return None
-        run = Run(job, time.time(), reclaimed=True)
-        run.carried = note.booked(job.body, external=self._external)
         answer: GatewayError = (
             DeadlineExceeded("the request was handed back and not taken over before its deadline")
-            if run.picked_at >= job.deadline
+            if time.time() >= job.deadline
             else ClientDisconnected("the client closed the connection")
         )
-        return self._billing.entry(run, answer.outcome, answer.status)
+        entry, _meta = self._billing.noted(job, note, answer)
+        return entry
 
     async def _guarded(self, run: Run, emit: Emit) -> LedgerEntry:
         """``_run``, ended as ``client_disconnected`` when the job is abandoned."""
@@ -469,8 +470,7 @@ class Executor:
 
     def _external(self, deployment: str) -> bool:
         """Served by a hosted API, which bills us (``DeploymentSpec.external``)."""
-        spec = self._catalog.get(deployment)
-        return spec is not None and spec.external
+        return self._billing.external(deployment)
 
     def _tier_faults(self, deployment: str) -> TierFaults:
         spec = self._catalog.get(deployment)

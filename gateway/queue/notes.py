@@ -7,10 +7,10 @@ record of their calls, a hosted API's call they made is on the provider's invoic
 ledger, and the vLLM work they did is booked to nobody. So a run keeps a note of its calls under
 the request's key (``RedisKeys.run_note``: JSON, rewritten whole, expiring with the job's claim),
 and a reclaimed run reads it before anything else and books those calls in its own row
-(``Run.carried``). A handed-back job whose deadline passed before any worker took it over is
-answered by its edge (which sees the note, and books its 504 provisional); the worker that then
-finds the job runs nothing and books the noted calls (``Executor.noted``), which replace the
-provisional row's bookkeeping (``gateway.accounting.supersede``).
+(``Run.carried``). A handed-back job whose edge takes its claim before any worker takes it
+over (its client left, or its deadline passed) is booked by that edge from the note, which it
+reads in the claim's round trip (``gateway.queue.noted``): once the edge holds the claim no run
+can start, so the note is the whole story.
 
 The note must cost the common path nothing (a job whose first call answers on its first run
 writes none), so a run writes it only where it pays for a round trip already, or is on a slow
@@ -58,7 +58,7 @@ from gateway.coalescer import Command
 from gateway.queue.keys import RedisKeys
 from gateway.queue.run import Run
 
-__all__ = ["InFlight", "RunNote", "RunNotes"]
+__all__ = ["InFlight", "RunNote", "RunNotes", "parse_note"]
 
 log = logging.getLogger(__name__)
 
@@ -182,10 +182,16 @@ class RunNotes:
         except (RedisError, OSError) as exc:
             log.warning("cannot read the calls noted for %s: %r", request_id, exc)
             return None
-        if raw is None:
-            return None
-        try:
-            return RunNote.decode(raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("unreadable run note of %s: %r", request_id, exc)
-            return None
+        return parse_note(raw, request_id)
+
+
+def parse_note(raw: bytes | None, request_id: str) -> RunNote | None:
+    """The note ``raw`` (a ``GET`` of ``RedisKeys.run_note``); ``None``: there is none, or it
+    cannot be read (logged)."""
+    if raw is None:
+        return None
+    try:
+        return RunNote.decode(raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("unreadable run note of %s: %r", request_id, exc)
+        return None

@@ -5,8 +5,9 @@ entries, ``touch``). An entry idle longer than ``min_idle_ms`` belongs to a work
 renewing: another worker takes it with ``XAUTOCLAIM`` (``orphans``) and may run it if its claim
 still names a worker whose heartbeat is gone (``take_over``, one Lua script; a job started at
 once names its worker in the entry instead of a claim key). A claim held by the
-edge (the deadline passed) is acknowledged and dropped — after the calls a run noted are booked,
-when the job had been handed back (``Worker``) — and a claim of a live worker is left alone.
+edge (the deadline passed, or the client left) is acknowledged and dropped — the edge booked it,
+from the calls a run noted when the job had been handed back (``gateway.queue.noted``; a note
+still there is booked first, ``Worker``) — and a claim of a live worker is left alone.
 The ledger is idempotent by request id and the edge relays only the first final reply, so a job
 run twice (its first worker died after answering, before acknowledging) is still answered and
 booked once. The run that finishes a job taken over books the calls of the runs before it too,

@@ -454,10 +454,11 @@ class Worker:
         return None, owner == "edge"  # "alive": its worker lives (slow renewal), leave it
 
     async def _book_noted(self, taken: Taken, job: Job) -> bool:
-        """A job the edge answered after a run handed it back (its claim released, then taken
-        by the edge at the deadline): book the calls that run noted, which the edge's
-        provisional row lacks (``Executor.noted``). Whether the acknowledgement went out with
-        the entry."""
+        """A job whose claim the edge took after a run handed it back (its claim released,
+        then taken by the edge: its deadline passed, or its client left). The edge booked the
+        calls that run noted and deleted the note (``gateway.queue.noted``); a note still here
+        means it could not, and the calls are booked here (``Executor.noted``; the ledger keeps
+        a request's first entry). Whether the acknowledgement went out with the entry."""
         entry = await self._executor.noted(job)
         return entry is not None and await self._book(taken, entry)
 
@@ -493,9 +494,9 @@ class Worker:
             await self._redis.set(self._keys.service_time(tier), f"{value:.4f}", ex=3600)
 
     async def _own(self, tier: str, job: Job, reclaimed: bool | str) -> str:
-        """``mine`` (run it), ``edge`` (the edge answered 504 and booked it: drop it, once a
-        reclaimed job's noted calls are booked) or ``alive`` (a reclaimed job whose worker
-        still lives: leave it)."""
+        """``mine`` (run it), ``edge`` (the edge answered and booked it: drop it, once a
+        reclaimed job's noted calls are known to be booked) or ``alive`` (a reclaimed job whose
+        worker still lives: leave it)."""
         if reclaimed:
             started_by = reclaimed if isinstance(reclaimed, str) else ""
             return await self._reclaimer.take_over(

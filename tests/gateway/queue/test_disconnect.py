@@ -25,6 +25,8 @@ async def test_a_queued_job_whose_client_left_is_never_run(
     replies = await edge.dispatcher.submit(waiting)  # no worker yet: it waits in Redis
     assert await edge.dispatcher.abandon(waiting)  # the edge owns it now: it books the 499
     assert await redis_conn.get(keys.claim("small", "r1")) == EDGE_CLAIM.encode()
+    # held past the job's deadline (30 s) like a worker's claim: no worker starts it before
+    assert await redis_conn.ttl(keys.claim("small", "r1")) > 60
     await replies.aclose()  # type: ignore[attr-defined]
     booked = Collect()
     node = await start_node(redis_conn, keys, [sim], booked, "w1")

@@ -1,5 +1,8 @@
 """The edge's 504 for a job that had started is provisional, and the run that books the job
-later replaces its bookkeeping; a job that never started gets a plain, final 504.
+later replaces its bookkeeping; a job that never started gets a plain, final 504. (A job handed
+back with its calls noted is booked by an edge that books notes, as ``tiergate serve`` wires
+it, at once: ``test_handed_back_claims``; an edge that books none leaves it to the worker that
+finds the job, as here.)
 
 Real Redis; the handed-back job runs against simulators over HTTP (the hosted API through
 litellm), and its row goes the ledger's real path (writer, event stream, sink, SQLite), with a
@@ -85,7 +88,8 @@ async def test_a_job_handed_back_with_its_calls_noted_gets_a_provisional_504(
     edge: Edge, redis_conn: aioredis.Redis, key_prefix: str
 ) -> None:
     """Its claim was released at the hand-back, so the edge takes it at the deadline, but the
-    note says a run made calls: a worker that finds the job books them."""
+    note says a run made calls: an edge that books no notes leaves them to a worker that finds
+    the job."""
     keys = RedisKeys(key_prefix)
     await redis_conn.set(keys.run_note("back"), RunNote(()).encode(), ex=60)
     error = await first_error(edge, job("back", "edge1", timeout_s=0.3))
@@ -116,9 +120,9 @@ async def test_a_handed_back_job_the_edge_answered_is_booked_by_the_worker_that_
 ) -> None:
     """The hosted call outlives the grace period: the leaving worker notes it (cancelled,
     estimated: the provider bills it) and hands the job back; its deadline passes before any
-    worker takes it over, so the edge answers 504 and books it provisional. The worker that
-    then finds the job books the noted call: one row, the client's 504 and the provider's
-    call; the budget's ``spent`` gets its cost once."""
+    worker takes it over, so the edge (one that books no notes) answers 504 and books it
+    provisional. The worker that then finds the job books the noted call: one row, the client's
+    504 and the provider's call; the budget's ``spent`` gets its cost once."""
     vllm, hosted = await start_sim(2), await start_sim(2, model=HOSTED)
     keys = RedisKeys(key_prefix)
     budgets = BudgetBook(
