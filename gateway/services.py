@@ -382,6 +382,7 @@ async def open_services(
                 weights=directory.weights,
                 coalescer=coalescer,
                 tracing=tracing,
+                local_edge=(edge_id, replies),
             )
             worker.start()
             stack.push_async_callback(worker.aclose)

@@ -4,6 +4,9 @@ Each edge process owns one reply stream. A single reader task blocks on it and h
 to the waiter of its request, so a thousand in-flight requests cost one blocking read, not a
 thousand. When Redis cannot be read, every waiter is failed at once (503), never left hanging.
 
+A worker in the edge's own process hands its replies over in memory instead
+(``deliver_local``): no stream entry, no read.
+
 Entries are read once, so what was read is trimmed, but at most once a second (``trim_every_s``):
 a trim per read would put a Redis command on every reply's path.
 """
@@ -56,6 +59,15 @@ class ReplyRouter:
 
     def unregister(self, request_id: str) -> None:
         self._waiters.pop(request_id, None)
+
+    def deliver_local(self, reply: Reply) -> bool:
+        """Hand ``reply`` to its waiter in this process without the reply stream (a worker of
+        this process ran the job); ``False`` when no waiter here has its request id."""
+        queue = self._waiters.get(reply.request_id)
+        if queue is None:
+            return False
+        queue.put_nowait(reply)
+        return True
 
     def start(self) -> None:
         if self._task is None:

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -64,6 +64,12 @@ Deliver = Callable[[Reply], None]
 """Hands a reply of a job started at once to its waiter in this process."""
 
 
+class LocalReplies(Protocol):
+    """The reply channel of the edge in this process (``ReplyRouter``)."""
+
+    def deliver_local(self, reply: Reply) -> bool: ...
+
+
 class Worker:
     def __init__(
         self,
@@ -85,6 +91,7 @@ class Worker:
         weights: Mapping[str, float] | None = None,
         coalescer: Coalescer | None = None,
         tracing: Tracing | None = None,
+        local_edge: tuple[str, LocalReplies] | None = None,
     ) -> None:
         """``capacity``: per-process slots of each tier that has no replica in ``pool``;
         ``tiers``: each tier's deployments, in order; ``batch_headroom``: share of a tier's
@@ -92,7 +99,9 @@ class Worker:
         unrenewed before another worker reclaims it (its worker is presumed dead); ``weights``:
         tenants' fair-share weights, for the jobs it starts at once (read at each start: a live
         view, ``TenantDirectory.weights``); ``coalescer``: where acknowledgements are queued
-        (instead of a round trip each)."""
+        (instead of a round trip each); ``local_edge``: the id and reply channel of the edge in
+        this process, whose jobs' replies are handed over in memory rather than through its
+        reply stream."""
         self._redis = redis
         self._blocking = blocking_redis
         self._keys = keys
@@ -123,6 +132,7 @@ class Worker:
         self._stopping = False
         self._idempotency = idempotency
         self._tracing = tracing or Tracing.off()
+        self._local_edge = local_edge
 
     def start(self) -> None:
         for tier, slots in self._capacity.items():
@@ -533,13 +543,21 @@ class Worker:
             await self._redis.delete(key)
 
     def _emitter(self, job: Job, deliver: Deliver | None = None) -> Emit:
+        """How the replies of ``job`` reach its edge: ``deliver`` (started at once), in memory
+        (its edge is in this process and waits for it), else its edge's reply stream."""
         stream = self._keys.replies(job.reply_to)
+        local = None
+        if deliver is None and self._local_edge is not None:
+            edge_id, replies = self._local_edge
+            local = replies if job.reply_to == edge_id else None
 
         async def emit(reply: Reply) -> None:
             if job.idempotency_key and not job.stream and reply.kind in ("result", "error"):
                 await self._remember(job, reply)
             if deliver is not None:
                 deliver(reply)
+                return
+            if local is not None and local.deliver_local(reply):
                 return
             fields = reply.fields()
             for pause in (*_REPLY_RETRY_S, None):

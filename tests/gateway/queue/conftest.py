@@ -133,6 +133,7 @@ async def start_node(
     batch_headroom: float = 0.1,
     reclaim_idle_s: float = 15.0,
     heartbeat_s: float = 2.0,
+    local_edge: tuple[str, ReplyRouter] | None = None,
 ) -> Node:
     session = aiohttp.ClientSession()
     replicas = [
@@ -160,6 +161,7 @@ async def start_node(
         batch_headroom=batch_headroom,
         reclaim_idle_s=reclaim_idle_s,
         heartbeat_s=heartbeat_s,
+        local_edge=local_edge,
     )
     worker.start()
     return Node(worker, pool, session)
