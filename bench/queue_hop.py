@@ -4,12 +4,15 @@ The simulator answers with no modelled latency (``time_scale`` 0), so what is me
 queue itself: ``start`` = worker start minus enqueue (the ``queue_ms`` a worker reports),
 ``hop`` = the whole round trip at the edge minus the backend call's own time (``backend_ms``):
 queued, the enqueue script, which hands the job to the idle worker with its claim (a take and a
-claim of the worker's own when it is busy), the worker's wake-up, the reply stream and the relay
-to the waiter; ``--direct``, one start script and the relay in the process. One edge and one
-worker in this process, one Redis; open-loop arrivals at ``--rate``.
+claim of the worker's own when it is busy), the worker's wake-up, and the relay to the waiter: in
+memory, since the worker is in the edge's process as in ``tiergate serve``, or with
+``--reply-stream`` through the edge's reply stream, as a worker of another process answers;
+``--direct``, one start script and the relay in the process. One edge and one worker in this
+process, one Redis; open-loop arrivals at ``--rate``.
 
     .venv/bin/python bench/queue_hop.py                 # writes bench/results/queue_hop.json
     .venv/bin/python bench/queue_hop.py --direct --out bench/results/queue_hop_direct.json
+    .venv/bin/python bench/queue_hop.py --reply-stream --out bench/results/queue_hop_stream.json
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ except ModuleNotFoundError:  # run as a script from the repo root
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     rig = await make_rig(args.redis_url, replicas=1, capacity=64, time_scale=0.0, itl_s=0.0)
-    worker = await rig.add_worker("w1")
+    worker = await rig.add_worker("w1", beside_edge=not args.reply_stream)
     rig.start_edge(max_depth=10_000, local=worker if args.direct else None)
     assert rig.dispatcher is not None
     starts: list[float] = []
@@ -68,6 +71,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "queue_hop",
         "path": "direct start (edge and worker in one process)" if args.direct else "queued",
+        "replies": "reply stream" if args.reply_stream else "in memory (worker beside its edge)",
         "python": platform.python_version(),
         "rate_rps": args.rate,
         "requests": len(hops),
@@ -90,6 +94,12 @@ if __name__ == "__main__":
         "--direct",
         action="store_true",
         help="the edge's own worker starts jobs that need not wait (as `tiergate serve` does)",
+    )
+    parser.add_argument(
+        "--reply-stream",
+        action="store_true",
+        help="answer through the edge's reply stream, as a worker of another process does "
+        "(default: the worker is in the edge's process and hands replies over in memory)",
     )
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "queue_hop.json"

@@ -91,6 +91,9 @@ async def start_sim(capacity: int, *, time_scale: float, itl_s: float) -> Sim:
     return sim
 
 
+EDGE_ID = "bench-edge"
+
+
 @dataclass
 class Rig:
     redis: aioredis.Redis
@@ -105,7 +108,18 @@ class Rig:
     dispatcher: Dispatcher | None = None
     snapshot: QueueSnapshot | None = None
 
-    async def add_worker(self, name: str, *, batch_headroom: float = 0.1) -> Worker:
+    def edge_replies(self) -> ReplyRouter:
+        """The edge's reply channel (made once; read once the edge starts)."""
+        if self.replies is None:
+            self.replies = ReplyRouter(self.redis, self.keys.replies(EDGE_ID), block_ms=200)
+        return self.replies
+
+    async def add_worker(
+        self, name: str, *, batch_headroom: float = 0.1, beside_edge: bool = False
+    ) -> Worker:
+        """``beside_edge``: the worker shares the edge's process, as in ``tiergate serve``,
+        and hands that edge's replies over in memory; else it answers through the edge's reply
+        stream, as a worker of another process does."""
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         replicas = [
             Replica(
@@ -133,6 +147,7 @@ class Rig:
             tiers={"small": [MODEL]},
             batch_headroom=batch_headroom,
             coalescer=coalescer,
+            local_edge=(EDGE_ID, self.edge_replies()) if beside_edge else None,
         )
         worker.start()
         self.workers.append(worker)
@@ -153,8 +168,7 @@ class Rig:
         need not wait (``queue.direct_start``); ``deadline_admission``: refuse at once what is
         not expected to start before its deadline (``queue.deadline_admission``), from a queue
         snapshot refreshed as ``tiergate serve`` does."""
-        self.replies = ReplyRouter(self.redis, self.keys.replies("bench-edge"), block_ms=200)
-        self.replies.start()
+        self.edge_replies().start()
         deadline = None
         if deadline_admission:
             slot_keys = tuple(
@@ -172,7 +186,7 @@ class Rig:
         self.dispatcher = Dispatcher(
             self.redis,
             self.keys,
-            self.replies,
+            self.edge_replies(),
             max_depth=max_depth,
             claim_ttl_s=60,
             local=local,
