@@ -18,11 +18,14 @@ How a plan is made:
    deployment id pins that deployment alone (no fallback). For ``auto``, a conversation that
    went large stays large (``sticky:conversation``) unless the fired rule says
    ``sticky: false``; and when the large tier's expected wait is over its target (default
-   30 s), traffic spills to the first allowed tier of ``spill_to`` (``spill:large_wait``).
-   Under the target, it also spills when the large tier is *late* for the request's deadline
-   (``router.deadline``: its wait plus a typical job is more than ``context.time_left_s``), to
-   the first allowed tier of ``spill_to`` with a deployment that is not late too
-   (``spill:deadline``; the rules' ``spill_on_deadline: false`` turns this off).
+   30 s), traffic spills to the first tier of ``spill_to`` that can serve it
+   (``spill:large_wait``). Under the target, it also spills when the large tier is *late* for
+   the request's deadline (``router.deadline``: its wait plus a typical job is more than
+   ``context.time_left_s``), to the first tier of ``spill_to`` that can serve it and is not late
+   too (``spill:deadline``; the rules' ``spill_on_deadline: false`` turns this off). A tier
+   *can serve* a request when it is allowed and has a deployment that the plan would start on
+   (steps 3 to 5: it holds the request, is within the cost cap, is not unavailable); a spill that
+   finds none leaves the plan on the large tier, with its own rule, and the reason says so.
 2. **Fallback chain.** After the primary tier: the rule's ``fallback``, else small → large →
    external; large → external → small; external → large → small; allowed tiers only.
 3. **Context fit.** Deployments whose ``max_model_len`` cannot hold the estimated prompt plus
@@ -37,7 +40,7 @@ How a plan is made:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from types import MappingProxyType
@@ -103,6 +106,10 @@ class _Effective:
     def label(self) -> str | None:
         return None if self.rule is None else f"rule:{self.rule.id}"
 
+    def needed(self, prompt_tokens: int) -> int:
+        """Tokens a deployment must hold: the estimated prompt plus ``max_tokens``."""
+        return prompt_tokens + max(0, self.max_tokens)
+
     def refuse(self, what: str) -> ModelNotAllowed:
         by = f" (rule {self.rule.id})" if self.rule is not None else ""
         return ModelNotAllowed(f"tenant {self.policy.tenant!r} may not use {what}{by}")
@@ -146,7 +153,8 @@ def decide(
         )  # fmt: skip
         match = first_match(rules, facts)
     eff = _effective(policy, match.rule, max_tokens, classifier)
-    needed = features.estimated_prompt_tokens + max(0, eff.max_tokens)
+    prompt_tokens = features.estimated_prompt_tokens
+    needed = eff.needed(prompt_tokens)
     action = eff.action
     extras: dict[str, Any] = {"requested_model": requested_model}
     if match.rule is not None or match.skipped:
@@ -159,9 +167,9 @@ def decide(
         )
     if action.tier is None and action.deployment is None and pinned is not None:
         return _model_plan(pinned, needed, eff, signals, extras)
-    choice = _choose(tier, eff, score, rules, context, signals, catalog)
+    choice = _choose(tier, eff, score, rules, context, signals, catalog, prompt_tokens)
     return _tier_plan(choice, needed=needed, eff=eff, catalog=catalog, signals=signals,
-                      prompt_tokens=features.estimated_prompt_tokens, extras=extras)  # fmt: skip
+                      prompt_tokens=prompt_tokens, extras=extras)  # fmt: skip
 
 
 def _tier_named(name: str) -> Tier | None:
@@ -235,6 +243,7 @@ def _choose(
     context: RequestContext,
     signals: Signals,
     catalog: Catalog,
+    prompt_tokens: int,
 ) -> _Choice:
     action, label = eff.action, eff.label
     why = f"rule {eff.rule.id}" if eff.rule is not None else ""
@@ -259,35 +268,56 @@ def _choose(
         choice = replace(choice, tier=Tier.LARGE, rule="sticky:conversation", reason=reason)
     if choice.tier is not Tier.LARGE:
         return choice
+    targets = _spill_tiers(eff, rules, catalog, signals, prompt_tokens)
     wait = signals.expected_wait_s.get(Tier.LARGE)
     if wait is not None and wait > rules.wait_target_s:
-        return _spill(choice, eff, rules, wait)
-    return _deadline_spill(choice, eff, rules, signals, context, catalog)
+        return _spill(choice, rules, wait, targets)
+    return _deadline_spill(choice, rules, signals, context, targets)
 
 
-def _spill(choice: _Choice, eff: _Effective, rules: RuleSet, wait: float) -> _Choice:
-    """``auto`` traffic bound for a large tier whose expected wait is over target moves."""
-    target = rules.wait_target_s
+def _spill_tiers(
+    eff: _Effective, rules: RuleSet, catalog: Catalog, signals: Signals, prompt_tokens: int
+) -> Iterator[Tier]:
+    """The tiers of ``spill_to``, in order, that can serve the request: allowed, not the large
+    tier, and with a deployment the plan would start on (it holds the request, is within the
+    rule's cost cap and is not unavailable). Another tier would only be fallen back off again,
+    often onto the large tier, with the plan still labelled a spill. Lazy: only a spill asks."""
+    needed = eff.needed(prompt_tokens)
+    cap = eff.action.max_cost_usd
     for tier in rules.spill_order:
-        if tier is not Tier.LARGE and tier in eff.policy.allowed_tiers:
-            reason = (
-                f"{choice.reason}; large tier's expected wait {wait:.1f} s > target "
-                f"{target:g} s → {tier.value}"
-            )
-            return replace(choice, tier=tier, rule="spill:large_wait", reason=reason)
-    return choice
+        if tier is Tier.LARGE or tier not in eff.policy.allowed_tiers:
+            continue
+        if any(
+            d.max_model_len >= needed
+            and d.model not in signals.unavailable
+            and (cap is None or _costs_at_most(d, cap, prompt_tokens, eff.max_tokens))
+            for d in _candidates(tier, eff, catalog)
+        ):
+            yield tier
+
+
+def _spill(choice: _Choice, rules: RuleSet, wait: float, targets: Iterator[Tier]) -> _Choice:
+    """``auto`` traffic bound for a large tier whose expected wait is over target moves to the
+    first tier of ``spill_to`` that can serve it; with none, it stays and the reason says so."""
+    why = f"large tier's expected wait {wait:.1f} s > target {rules.wait_target_s:g} s"
+    tier = next(targets, None)
+    if tier is None:
+        return replace(
+            choice, reason=f"{choice.reason}; {why}, but no tier to spill to can serve it"
+        )
+    reason = f"{choice.reason}; {why} → {tier.value}"
+    return replace(choice, tier=tier, rule="spill:large_wait", reason=reason)
 
 
 def _deadline_spill(
     choice: _Choice,
-    eff: _Effective,
     rules: RuleSet,
     signals: Signals,
     context: RequestContext,
-    catalog: Catalog,
+    targets: Iterator[Tier],
 ) -> _Choice:
     """``auto`` traffic bound for a large tier it cannot start on before its deadline moves to
-    the first allowed tier of ``spill_to`` that has a deployment for it and is not late too."""
+    the first tier of ``spill_to`` that can serve it and is not late too."""
     left = context.time_left_s
     if left is None or not rules.deadline_spill:
         return choice
@@ -296,11 +326,7 @@ def _deadline_spill(
         return choice
     why = f"deadline in {left:.1f} s: {large.describe()} does not fit"
     late: list[str] = []
-    for tier in rules.spill_order:
-        if tier is Tier.LARGE or tier not in eff.policy.allowed_tiers:
-            continue
-        if not _candidates(tier, eff, catalog):
-            continue
+    for tier in targets:
         there = tier_fit(tier, left, signals)
         if there.late:
             late.append(f"{there.describe()} neither")

@@ -77,7 +77,13 @@ async def chat_completions(
         stream = admitted.request.stream
         clock.lap("parse")
         routed_at = time.perf_counter()
-        deadline = RequestDeadline.of(admitted.meta, services.settings.queue, received_at)
+        deadline = RequestDeadline.of(
+            admitted.meta,
+            services.settings.queue,
+            received_at,
+            headers=request.headers,
+            stream=stream,
+        )
         inputs = await rule_inputs(
             services.rules, tenant, admitted, time_left_s=deadline.left_s(time.time())
         )

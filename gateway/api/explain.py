@@ -1,6 +1,7 @@
 """``POST /v1/route/explain``: the plan the router would make for a chat request, without
 calling a model, queueing anything or writing the ledger. The request's whole timeout (its
-header, else the default) is its time left, as for a request that has just arrived."""
+header, else the default; for a non-streamed one at most the OpenAI SDK's read timeout less a
+margin, ``gateway.api.timeout``) is its time left, as for a request that has just arrived."""
 
 from __future__ import annotations
 
@@ -48,7 +49,12 @@ async def explain(
     name = explained_tenant(services, principal, tenant)
     raw = await read_body(request, services.settings.limits.max_body_bytes)
     admitted = admit(raw, dict(request.headers), services.settings.limits)
-    timeout_ms = request_timeout_ms(admitted.meta, services.settings.queue)
+    timeout_ms = request_timeout_ms(
+        admitted.meta,
+        services.settings.queue,
+        headers=request.headers,
+        stream=admitted.request.stream,
+    )
     inputs = await rule_inputs(services.rules, name, admitted, time_left_s=timeout_ms / 1000)
     signals = live_signals(services)
     plan = plan_request(services, name, admitted, inputs, signals=signals)

@@ -231,7 +231,9 @@ def explain(
     from router.catalog import Signals
     from router.errors import RoutingError
 
-    timeout = request_timeout_ms(RequestMeta(timeout_ms=timeout_ms), settings.queue)
+    timeout = request_timeout_ms(
+        RequestMeta(timeout_ms=timeout_ms), settings.queue, headers={}, stream=False
+    )
     try:
         plan = decide(
             requested_model=model,

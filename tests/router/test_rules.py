@@ -302,6 +302,59 @@ def test_default_spill_over_when_large_wait_is_over_target() -> None:
     assert on_prem.tier is Tier.SMALL
 
 
+def test_the_wait_spill_skips_a_tier_without_a_deployment() -> None:
+    """No external deployment configured: the default ``spill_to`` (external, then small) goes to
+    small, rather than to external and from there back onto the large tier as a spill."""
+    slow = Signals(expected_wait_s={Tier.LARGE: 45.0})
+    result = decide(
+        requested_model="auto", features=PromptFeatures.from_text("hi"), max_tokens=64,
+        policy=POLICY, catalog=Catalog((SMALL, LARGE)), signals=slow,
+        classifier=FixedScore(0.9), rules=rules_of(""),
+    )  # fmt: skip
+    assert (result.tier, result.rule) == (Tier.SMALL, "spill:large_wait")
+    assert result.deployments[0] == "small-a"
+    assert result.reason == (
+        "score 0.90 ≥ threshold 0.50 → large; large tier's expected wait 45.0 s > target 30 s "
+        "→ small"
+    )
+
+
+@pytest.mark.parametrize(
+    ("rules", "signals", "max_tokens", "expected"),
+    [
+        # external's only deployment has its circuit open
+        ("", Signals(expected_wait_s={Tier.LARGE: 45.0}, unavailable=frozenset({"ext-a"})), 256,
+         Tier.SMALL),
+        # external (and small-b, unpriced) are over the rule's cost cap; small-a is within it
+        (one_rule("{}", "{max_cost_usd: 0.0001}"), Signals(expected_wait_s={Tier.LARGE: 45.0}),
+         256, Tier.SMALL),
+        # small's deployments cannot hold 17,000 tokens; external's can
+        ("defaults: {spill_to: [small, external]}\n", Signals(expected_wait_s={Tier.LARGE: 45.0}),
+         17_000, Tier.EXTERNAL),
+    ],
+)  # fmt: skip
+def test_the_wait_spill_goes_to_a_tier_with_a_deployment_for_the_request(
+    rules: str, signals: Signals, max_tokens: int, expected: Tier
+) -> None:
+    result = plan(rules, score=0.9, signals=signals, max_tokens=max_tokens)
+    assert (result.tier, result.rule) == (expected, "spill:large_wait")
+    assert f"> target 30 s → {expected.value}" in result.reason, result.reason
+
+
+def test_a_wait_spill_that_finds_no_tier_stays_large_and_says_so() -> None:
+    slow = Signals(expected_wait_s={Tier.LARGE: 45.0}, unavailable=frozenset({"ext-a"}))
+    result = plan("defaults: {spill_to: external}\n", score=0.9, signals=slow)
+    assert (result.tier, result.rule) == (Tier.LARGE, "auto:threshold")
+    assert result.deployments[0] == "large-a"
+    assert result.reason == (
+        "score 0.90 ≥ threshold 0.50 → large; large tier's expected wait 45.0 s > target 30 s, "
+        "but no tier to spill to can serve it"
+    )
+    on_prem = plan(one_rule("{}", "{forbid_tiers: [small, external]}"), score=0.9, signals=slow)
+    assert (on_prem.tier, on_prem.rule) == (Tier.LARGE, "rule:r")
+    assert on_prem.reason.endswith("but no tier to spill to can serve it")
+
+
 def waits(large: float, *, job: float = 0.0, **others: float) -> Signals:
     """The large tier's expected wait and typical job time, and other tiers' waits."""
     return Signals(
@@ -391,6 +444,15 @@ def test_deadline_spill_skips_tiers_that_are_late_too_or_have_no_deployment() ->
         classifier=FixedScore(0.9), rules=rules_of(""), context=left(5.0),
     )  # fmt: skip
     assert (without_external.tier, without_external.rule) == (Tier.SMALL, "spill:deadline")
+
+
+def test_deadline_spill_skips_a_tier_whose_deployments_cannot_serve_the_request() -> None:
+    """The same check as the wait spill's: external's only deployment is unavailable, so the
+    request goes to small instead of external and from there back onto the large tier."""
+    broken = dataclasses.replace(waits(12.0), unavailable=frozenset({"ext-a"}))
+    result = plan("", score=0.9, signals=broken, context=left(5.0))
+    assert (result.tier, result.rule) == (Tier.SMALL, "spill:deadline")
+    assert result.deployments[0] == "small-a"
 
 
 @pytest.mark.parametrize(

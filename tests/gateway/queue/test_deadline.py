@@ -354,6 +354,60 @@ async def test_a_short_deadline_spills_off_the_large_tier_instead_of_a_429(
         assert (row.tier, row.deployment, row.rule) == ("small", SMALL, "spill:deadline")
 
 
+async def test_the_openai_sdks_own_short_timeout_is_the_deadline(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """The official client built with ``timeout=3`` and no tiergate header: its non-streamed
+    request's deadline is the SDK's read timeout less the margin (2.7 s), not the default 120 s,
+    so with about 5 s of work queued on the large tier its ``auto`` request spills to the small
+    tier (``spill:deadline``) and is answered there. A client with the SDK's default timeout
+    (600 s) keeps the 120 s default and stays large."""
+    async with inprocess_gateway(
+        redis_url,
+        key_prefix,
+        tmp_path,
+        time_scale=1.0,
+        edit=_auto_goes_large,
+        models=(SMALL, LARGE),
+    ) as (services, app, _client):
+        await _fill(services, key_prefix, 40, tier=Tier.LARGE, model=LARGE, max_tokens=60)
+        assert services.queue_snapshot is not None
+        wait = services.queue_snapshot.expected_wait("large")
+        assert wait > 3.0, services.queue_snapshot.view("large")
+        messages: Any = [{"role": "user", "content": "hi"}]
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), timeout=60)
+        patient = openai.AsyncOpenAI(
+            base_url="http://tiergate/v1", api_key="dev-globex", http_client=http, timeout=600
+        )
+        hasty = patient.with_options(timeout=3, max_retries=0)
+
+        calm: Any = await patient.post(
+            "/route/explain", cast_to=object, body={"model": "auto", "messages": messages}
+        )
+        assert (calm["timeout_ms"], calm["tier"], calm["rule"]) == (
+            120_000, "large", "auto:threshold"
+        )  # fmt: skip
+        shown: Any = await hasty.post(
+            "/route/explain", cast_to=object, body={"model": "auto", "messages": messages}
+        )
+        assert (shown["timeout_ms"], shown["tier"], shown["rule"]) == (
+            2700, "small", "spill:deadline"
+        )  # fmt: skip
+        assert "; deadline in 2.7 s: large tier's expected wait " in shown["reason"]
+
+        raw = await hasty.chat.completions.with_raw_response.create(
+            model="auto", messages=messages, max_tokens=8
+        )
+        answer = raw.parse()
+        await patient.close()
+        assert answer.choices[0].message.content
+        assert raw.headers["x-tiergate-rule"] == "spill:deadline"
+        assert (raw.headers["x-tiergate-tier"], raw.headers["x-tiergate-model"]) == ("small", SMALL)
+        row = await _row(services, raw.headers["x-request-id"])
+        assert row is not None and (row.status_code, row.outcome) == (200, "ok")
+        assert (row.tier, row.deployment, row.rule) == ("small", SMALL, "spill:deadline")
+
+
 async def test_the_dispatcher_judges_the_tier_the_plan_queues_in(
     redis_conn: aioredis.Redis, key_prefix: str
 ) -> None:
