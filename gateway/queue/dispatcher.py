@@ -51,6 +51,7 @@ from gateway.errors import (
     ServiceUnavailable,
 )
 from gateway.limits.idempotency import Idempotency
+from gateway.queue.claims import EDGE_CLAIM, claim_ttl
 from gateway.queue.deadline import DeadlineAdmission
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
@@ -62,7 +63,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EDGE_CLAIM", "Dispatcher", "LocalStart", "NotedBooker"]
 
-EDGE_CLAIM = "edge"
 _RUNNING_GRACE_S = 5.0
 """How long past its deadline the edge still waits for a job a worker has started: the worker's
 backend timeouts end it at the deadline, so this only covers a worker that died mid-job (or is
@@ -182,7 +182,7 @@ class Dispatcher:
                 job=job.encode(),
                 weight=weight,
                 max_depth=self._tier_max_depth.get(tier, self._max_depth),
-                handoff=Handoff(job.request_id, self._claim_ttl(job)),
+                handoff=Handoff(job.request_id, claim_ttl(job, self._claim_ttl_s)),
             )
         except QueueFull as full:
             self._replies.unregister(job.request_id)
@@ -198,13 +198,6 @@ class Dispatcher:
             self._replies.unregister(job.request_id)
             raise
         return self._replies_of(job, queue, started=depth == HANDED_OFF)
-
-    def _claim_ttl(self, job: Job) -> int:
-        """A claim on ``job`` lives as long as the one a worker takes (``Worker._claim_ttl``),
-        and the job's run note: until ``claim_ttl_s`` past its deadline. The claim an enqueue
-        takes for the worker it hands the job to, and the edge's: a job whose client left long
-        before its deadline is never started by a worker that finds it later."""
-        return max(int(job.deadline - time.time()) + self._claim_ttl_s, self._claim_ttl_s)
 
     async def _replies_of(
         self, job: Job, queue: asyncio.Queue[Reply | BaseException], *, started: bool = False
@@ -308,7 +301,7 @@ class Dispatcher:
         claim = self._keys.claim(job.plan.tier.value, job.request_id)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.set(claim, EDGE_CLAIM, nx=True, ex=self._claim_ttl(job))
+                pipe.set(claim, EDGE_CLAIM, nx=True, ex=claim_ttl(job, self._claim_ttl_s))
                 pipe.get(self._keys.run_note(job.request_id))
                 won, raw = await pipe.execute()
         except (RedisError, OSError) as exc:

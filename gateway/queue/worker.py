@@ -24,8 +24,8 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -35,22 +35,20 @@ from gateway.accounting.writer import LedgerWriter
 from gateway.coalescer import Coalescer
 from gateway.limits.idempotency import Idempotency
 from gateway.observability.tracing import Tracing
+from gateway.queue.claims import WorkerClaims
 from gateway.queue.direct import DirectStart
-from gateway.queue.dispatcher import EDGE_CLAIM
-from gateway.queue.executor import Emit, Executor
-from gateway.queue.jobs import Job, Reply
+from gateway.queue.executor import Executor
+from gateway.queue.jobs import Job
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue, Taken, lane_of
 from gateway.queue.pool import BackendPool, Reservation
 from gateway.queue.reclaim import Reclaimer
+from gateway.queue.replying import Deliver, LocalReplies, ReplySender
 
 __all__ = ["Deliver", "Worker"]
 
 log = logging.getLogger(__name__)
 
-_REPLY_MAXLEN = 100_000
-_REPLY_RETRY_S = (0.01, 0.05, 0.2)
-"""Pauses before sending a reply again: a chunk is not given up on a passing error."""
 _HEARTBEAT_S = 2.0
 _BELL_S = 1.0
 _IDLE_MS = int(_BELL_S * 2000)
@@ -59,15 +57,6 @@ _NO_SLOT_S = (0.002, 0.05)
 _SVC_ALPHA = 0.2
 _SVC_PUBLISH_S = 0.5
 """At most this often a worker publishes a tier's service time (edges read it every 0.5 s)."""
-
-Deliver = Callable[[Reply], None]
-"""Hands a reply of a job started at once to its waiter in this process."""
-
-
-class LocalReplies(Protocol):
-    """The reply channel of the edge in this process (``ReplyRouter``)."""
-
-    def deliver_local(self, reply: Reply) -> bool: ...
 
 
 class Worker:
@@ -118,7 +107,6 @@ class Worker:
         self._direct = DirectStart(redis, keys)
         self._weights: Mapping[str, float] = weights if weights is not None else {}
         self.worker_id = worker_id
-        self._claim_ttl_s = claim_ttl_s
         self._tasks: list[asyncio.Task[None]] = []
         self._jobs: set[asyncio.Task[None]] = set()
         self._service_s: dict[str, float] = {}
@@ -130,9 +118,11 @@ class Worker:
         self._running: dict[str, asyncio.Task[None]] = {}
         """Request id -> the task running its executor (what a cancel stops)."""
         self._stopping = False
-        self._idempotency = idempotency
         self._tracing = tracing or Tracing.off()
-        self._local_edge = local_edge
+        self._claims = WorkerClaims(
+            redis, keys, self._reclaimer, worker_id=worker_id, ttl_s=claim_ttl_s
+        )
+        self._replies = ReplySender(redis, keys, idempotency=idempotency, local_edge=local_edge)
 
     def start(self) -> None:
         for tier, slots in self._capacity.items():
@@ -399,7 +389,7 @@ class Worker:
                 if job is None:
                     return
             self._tracing.adopt(job)  # this task's spans join the job's trace
-            emit = self._emitter(job, deliver)
+            emit = self._replies.emitter(job, deliver)
             started = time.time()
             task = asyncio.current_task()
             assert task is not None
@@ -427,7 +417,7 @@ class Worker:
             ack = False
             if job is not None:
                 with contextlib.suppress(RedisError, OSError):
-                    await self._release_claim(taken.tier, job)
+                    await self._claims.release(taken.tier, job)
             raise
         except Exception:
             log.exception("job %s failed in the worker", taken.entry_id)
@@ -454,7 +444,7 @@ class Worker:
         if not reclaimed and self._cannot_finish(taken.tier, job):
             await self._lanes.not_started(taken)
             return None, True  # left to the edge, which answers 504 at the deadline
-        owner = await self._own(taken.tier, job, reclaimed)
+        owner = await self._claims.own(taken.tier, job, reclaimed)
         if owner == "mine":
             return job, True
         if owner == "edge" and reclaimed:
@@ -502,73 +492,3 @@ class Worker:
         self._service_published[tier] = now
         with contextlib.suppress(RedisError, OSError):
             await self._redis.set(self._keys.service_time(tier), f"{value:.4f}", ex=3600)
-
-    async def _own(self, tier: str, job: Job, reclaimed: bool | str) -> str:
-        """``mine`` (run it), ``edge`` (the edge answered and booked it: drop it, once a
-        reclaimed job's noted calls are known to be booked) or ``alive`` (a reclaimed job whose
-        worker still lives: leave it)."""
-        if reclaimed:
-            started_by = reclaimed if isinstance(reclaimed, str) else ""
-            return await self._reclaimer.take_over(
-                tier,
-                job.request_id,
-                self.worker_id,
-                self._claim_ttl(job),
-                EDGE_CLAIM,
-                started_by=started_by,
-            )
-        return "mine" if await self._claim(tier, job) else "edge"
-
-    def _claim_ttl(self, job: Job) -> int:
-        return max(int(job.deadline - time.time()) + self._claim_ttl_s, self._claim_ttl_s)
-
-    async def _claim(self, tier: str, job: Job) -> bool:
-        won = await self._redis.set(
-            self._keys.claim(tier, job.request_id), self.worker_id, nx=True, ex=self._claim_ttl(job)
-        )
-        return bool(won)
-
-    async def _remember(self, job: Job, reply: Reply) -> None:
-        """Keep a keyed job's final reply for its repeats (before the reply goes out)."""
-        if self._idempotency is None or job.idempotency_key is None:
-            return
-        try:
-            await self._idempotency.store(job.tenant, job.idempotency_key, reply)
-        except (RedisError, OSError) as exc:
-            log.warning("cannot keep the answer of %s: %s", job.request_id, type(exc).__name__)
-
-    async def _release_claim(self, tier: str, job: Job) -> None:
-        key = self._keys.claim(tier, job.request_id)
-        if await self._redis.get(key) == self.worker_id.encode():
-            await self._redis.delete(key)
-
-    def _emitter(self, job: Job, deliver: Deliver | None = None) -> Emit:
-        """How the replies of ``job`` reach its edge: ``deliver`` (started at once), in memory
-        (its edge is in this process and waits for it), else its edge's reply stream."""
-        stream = self._keys.replies(job.reply_to)
-        local = None
-        if deliver is None and self._local_edge is not None:
-            edge_id, replies = self._local_edge
-            local = replies if job.reply_to == edge_id else None
-
-        async def emit(reply: Reply) -> None:
-            if job.idempotency_key and not job.stream and reply.kind in ("result", "error"):
-                await self._remember(job, reply)
-            if deliver is not None:
-                deliver(reply)
-                return
-            if local is not None and local.deliver_local(reply):
-                return
-            fields = reply.fields()
-            for pause in (*_REPLY_RETRY_S, None):
-                try:
-                    await self._redis.xadd(stream, fields, maxlen=_REPLY_MAXLEN, approximate=True)
-                    return
-                except (RedisError, OSError) as exc:
-                    if pause is None:
-                        # Redis is gone: the edge fails its waiters (503) on its own reads.
-                        log.warning("cannot reply for %s: %s", job.request_id, type(exc).__name__)
-                        return
-                    await asyncio.sleep(pause)
-
-        return emit
