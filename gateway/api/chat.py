@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from redis.exceptions import RedisError
 
 from gateway.api.admission import admit, read_body
-from gateway.api.booking import book_refusal
+from gateway.api.booking import book_refusal, observe_refusal, refusal_entry
 from gateway.api.deps import ServicesDep
 from gateway.api.disconnect import first_unless_gone
 from gateway.api.error_docs import refusals
@@ -175,6 +175,18 @@ async def _abandoned(services: Services, job: Job) -> NoReturn:
     gone = ClientDisconnected("the client closed the connection before the answer")
     if await services.dispatcher.abandon(job):
         raise gone
+    # Booked by its owner; counted and logged here, as every request the edge answers.
+    entry = refusal_entry(
+        request_id=job.request_id,
+        tenant=job.tenant,
+        principal=job.principal,
+        received_at=job.received_at,
+        error=gone,
+        requested_model=str(job.body.get("model", "")),
+        plan=job.plan,
+        stream=job.stream,
+    )
+    observe_refusal(services, entry, gone, requested_model=entry.requested_model)
     raise RelayedError(gone)
 
 

@@ -46,19 +46,24 @@ def slow_stack(
     tmp_path_factory: pytest.TempPathFactory, redis_url: str
 ) -> Iterator[dict[str, Any]]:
     workdir = tmp_path_factory.mktemp("disconnect")
-    sim_port, port = free_port(), free_port()
+    sim_port, port, admin_port = free_port(), free_port(), free_port()
     sim, usage = start_sim(SMALL, sim_port, workdir, time_scale=1.0)  # ~12 ms a token
     database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
     config = gateway_config(
         workdir=workdir, redis_url=redis_url, prefix=f"tgtest-{uuid.uuid4().hex[:10]}",
         database_url=database_url, sim_ports={SMALL: sim_port}, port=port,
-        admin_port=free_port(),
+        admin_port=admin_port,
     )  # fmt: skip
     gateway: Proc | None = None
     try:
         gateway = start_gateway(config, workdir)
         wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
-        yield {"url": f"http://127.0.0.1:{port}", "db": database_url, "usage": usage}
+        yield {
+            "url": f"http://127.0.0.1:{port}",
+            "admin": f"http://127.0.0.1:{admin_port}",
+            "db": database_url,
+            "usage": usage,
+        }
     finally:
         if gateway is not None:
             gateway.stop()
@@ -116,6 +121,20 @@ async def test_a_client_that_times_out_stops_the_call_and_is_booked_499(
     assert row["status_code"] == 499 and row["tenant"] == "acme"
     assert [a["outcome"] for a in row["attempts"]] == ["cancelled"]
     assert row["latency_ms"] < 3000  # stopped, not run to its end (~3.5 s)
+    # Booked by the worker that ran it, counted once by the edge that answered it.
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(slow_stack["admin"] + "/metrics") as response,
+    ):
+        page = await response.text()
+    counted = [
+        line
+        for line in page.splitlines()
+        if line.startswith("tiergate_requests_total{")
+        and 'outcome="client_disconnected"' in line
+        and 'tenant="acme"' in line
+    ]
+    assert len(counted) == 1 and counted[0].endswith(" 1.0"), counted
 
 
 async def test_a_stream_whose_client_leaves_is_aborted_and_billed_for_what_it_produced(
