@@ -42,8 +42,7 @@ async def test_a_repeat_gets_the_first_answer_and_runs_nothing(
         )
         edges.append(Edge(dispatcher, replies, name))
     booked = Collect()
-    node = await start_node(redis_conn, keys, [sim], booked, "w1")
-    node.worker._idempotency = idem  # what services wires
+    node = await start_node(redis_conn, keys, [sim], booked, "w1", idempotency=idem)
     try:
         first = dataclasses.replace(job("r1", "e1"), idempotency_key="k-1")
         repeat = dataclasses.replace(job("r2", "e2"), idempotency_key="k-1")

@@ -21,6 +21,7 @@ from aiohttp import web
 from backends.openai_http import VLLMBackend
 from backends.sim import PROFILES, create_sim_app
 from gateway.accounting.records import LedgerEntry
+from gateway.limits.idempotency import Idempotency
 from gateway.queue.capacity import SlotLeases
 from gateway.queue.dispatcher import Dispatcher
 from gateway.queue.executor import Executor
@@ -134,6 +135,7 @@ async def start_node(
     reclaim_idle_s: float = 15.0,
     heartbeat_s: float = 2.0,
     local_edge: tuple[str, ReplyRouter] | None = None,
+    idempotency: Idempotency | None = None,
 ) -> Node:
     session = aiohttp.ClientSession()
     replicas = [
@@ -162,6 +164,7 @@ async def start_node(
         reclaim_idle_s=reclaim_idle_s,
         heartbeat_s=heartbeat_s,
         local_edge=local_edge,
+        idempotency=idempotency,
     )
     worker.start()
     return Node(worker, pool, session)
