@@ -133,6 +133,8 @@ class Dispatcher:
         self._deadline = deadline
         self._noted = noted
         self._abandoning: set[asyncio.Task[bool]] = set()
+        self._started_here: set[str] = set()
+        """Jobs this process's worker started at once (no claim key: the worker owns them)."""
 
     async def submit(self, job: Job) -> AsyncIterator[Reply]:
         """Queue ``job`` and return its replies, in order. Raises ``RateLimited`` when the tier's
@@ -160,6 +162,7 @@ class Dispatcher:
             local: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
             try:
                 if await self._local.start_now(job, local.put_nowait):
+                    self._started_here.add(job.request_id)
                     return self._replies_of(job, local, started=True)
             except (RedisError, OSError) as exc:
                 raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
@@ -243,6 +246,7 @@ class Dispatcher:
                     return
         finally:
             self._replies.unregister(job.request_id)
+            self._started_here.discard(job.request_id)
 
     async def abandon(self, job: Job) -> bool:
         """The client of ``job`` went away. ``True``: the job had not started and never will
@@ -250,8 +254,13 @@ class Dispatcher:
         the worker that runs it, told to stop (directly, or on the cancel channel), or here: a
         job handed back with its calls noted, whose claim the edge took, is booked from its
         note (``gateway.queue.noted``)."""
-        if self._local is not None and self._local.cancel(job.request_id):
-            return False  # it runs in this process (started at once, or taken here)
+        if self._local is not None and (
+            self._local.cancel(job.request_id) or job.request_id in self._started_here
+        ):
+            # It runs in this process (started at once, or taken here), or it was started at
+            # once and has just finished: either way its worker books it. A job started at
+            # once has no claim key, so the edge's claim below would win and book it twice.
+            return False
         claim = await self._claim_for_edge(job)
         if claim.edge:
             if claim.note is None:

@@ -175,6 +175,9 @@ class Executor:
         """``_run``, ended as ``client_disconnected`` when the job is abandoned."""
         job = run.job
         try:
+            if job.request_id in self._abandoned:  # its client left before it started
+                gone = ClientDisconnected("the client closed the connection")
+                return self._billing.entry(run, gone.outcome, gone.status)
             return await self._run(run, emit)
         except asyncio.CancelledError:
             if job.request_id not in self._abandoned:

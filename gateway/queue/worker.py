@@ -117,6 +117,8 @@ class Worker:
         self._active: set[Taken] = set()
         self._running: dict[str, asyncio.Task[None]] = {}
         """Request id -> the task running its executor (what a cancel stops)."""
+        self._starting: set[str] = set()
+        """Jobs started at once whose task has not run yet (a cancel marks them abandoned)."""
         self._stopping = False
         self._tracing = tracing or Tracing.off()
         self._claims = WorkerClaims(
@@ -171,6 +173,7 @@ class Worker:
         if started is None:
             return False
         reservation = self._pool.adopt(first, replicas[started.slot], lease_id)
+        self._starting.add(job.request_id)
         task = asyncio.create_task(
             self._handle(started.taken, reservation, None, job=job, deliver=deliver)
         )
@@ -182,6 +185,9 @@ class Worker:
         """Stop a job of this process whose client went away; ``False`` if none runs here.
         It ends with outcome ``client_disconnected``, booked with the tokens produced."""
         task = self._running.get(request_id)
+        if task is None and request_id in self._starting:
+            self._executor.abandon(request_id)  # it ends before its first call (``Executor``)
+            return True
         if task is None or task.done():
             return False
         self._executor.abandon(request_id)
@@ -394,6 +400,7 @@ class Worker:
             task = asyncio.current_task()
             assert task is not None
             self._running[job.request_id] = task
+            self._starting.discard(job.request_id)
             try:
                 run = functools.partial(
                     self._executor.run,

@@ -111,3 +111,35 @@ async def test_a_job_started_at_once_by_a_process_that_died_is_reclaimed_and_run
         await survivor.aclose()
     assert [e.request_id for e in booked.entries] == ["r1"]
     assert await redis_conn.get(keys.claim("small", "r1")) == b"survivor"
+
+
+async def test_a_client_gone_before_its_started_job_runs_is_booked_once_by_the_worker(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    start_sim,  # type: ignore[no-untyped-def]
+) -> None:
+    """The client leaves right after its job was started at once, before the job's task has
+    run: a job started at once has no claim key, so the edge must not claim it (it would win,
+    book a refusal, and the job would run and be booked as well). The worker books it once,
+    as its client left, and calls nothing."""
+    sim = await start_sim(4, time_scale=0.0)
+    keys = RedisKeys(key_prefix)
+    booked = Collect()
+    node = await start_node(redis_conn, keys, [sim], booked, "w-local")
+    replies = ReplyRouter(redis_conn, keys.replies("edge1"))
+    dispatcher = Dispatcher(
+        redis_conn, keys, replies, max_depth=100, claim_ttl_s=60, local=node.worker
+    )
+    try:
+        j = job("r1", "edge1")
+        stream = await dispatcher.submit(j)  # started at once; its task has not run yet
+        assert await dispatcher.abandon(j) is False  # booked by its worker, not here
+        await until(lambda: bool(booked.entries), 5)
+        await stream.aclose()  # type: ignore[attr-defined]  # what the gone client's handler drops
+    finally:
+        await node.aclose()
+    assert [(e.request_id, e.outcome, e.status_code) for e in booked.entries] == [
+        ("r1", "client_disconnected", 499)
+    ]
+    assert len(sim.served) == 0
+    assert await redis_conn.exists(keys.claim("small", "r1")) == 0  # the edge claimed nothing
