@@ -222,9 +222,9 @@ class Dispatcher:
                             item = await queue.get()
                 except TimeoutError:
                     if claimed_by_worker:
-                        raise RunTimedOut(
-                            "the backend did not finish before the deadline"
-                        ) from None
+                        item = await self._late_started(job)
+                        yield item
+                        return
                     claim = await self._claim_for_edge(job)
                     if not claim.edge:
                         claimed_by_worker = True
@@ -318,6 +318,27 @@ class Dispatcher:
         if not won:
             return _Claim(edge=False)
         return _Claim(edge=True, note=parse_note(raw, job.request_id))
+
+    async def _late_started(self, job: Job) -> Reply:
+        """A started job with no answer by its deadline plus the grace: ``RunTimedOut``
+        (provisional: its run books it), unless its worker handed it back with its calls
+        noted and no run took it over, so the edge's claim wins: then it is booked here from
+        the note, final, and its client gets that 504 with the cost. A job this process
+        started at once has no claim key and is never claimed."""
+        timed_out = RunTimedOut("the backend did not finish before the deadline")
+        if job.request_id in self._started_here:
+            raise timed_out
+        try:
+            claim = await self._claim_for_edge(job)
+        except ServiceUnavailable:
+            raise timed_out from None
+        if not claim.edge or claim.note is None:
+            raise timed_out
+        late = "the request was handed back and not taken over before its deadline"
+        booked = await self._book_noted(job, claim.note, DeadlineExceeded(late))
+        if booked is None:  # left to the worker that finds the job
+            raise RunTimedOut(late)
+        return booked
 
     async def _book_noted(self, job: Job, note: RunNote, answer: GatewayError) -> Reply | None:
         """Book a handed-back job the edge took over, answered ``answer``, from its note; the

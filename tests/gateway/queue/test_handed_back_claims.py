@@ -163,12 +163,13 @@ async def rig(
 
 
 async def hand_back(
-    rig: Rig, make_job: Callable[[], Job], *, replies_before: int = 0
+    rig: Rig, make_job: Callable[[], Job], *, replies_before: int = 0, handed_over: bool = False
 ) -> tuple[Job, AsyncIterator[Reply], list[Reply]]:
     """Submit a job (``make_job``, its worst case reserved on the budget) to a worker that stops
     while its call runs (the hosted API hangs; a stream: once ``replies_before`` replies came),
     noting the call (cancelled, booked as any cancelled call is) and handing the job back. The
-    job, the edge's replies, and those that came."""
+    job, the edge's replies, and those that came. ``handed_over``: the job goes to the worker
+    waiting idle (its claim taken for it by the enqueue), not through a lane."""
     vllm, hosted = rig.sims
     if not replies_before:
         await set_faults(hosted, hang=True)
@@ -176,6 +177,9 @@ async def hand_back(
         rig.redis, rig.keys, vllm.url, hosted.url, rig.writer, "leaving"
     )
     the_job = make_job()  # its deadline runs from here, once litellm is imported
+    if handed_over:
+        idle = rig.keys.idle(the_job.plan.tier.value)
+        await until(lambda: _registered(rig.redis, idle), 5)
     await rig.budgets.reserve_job(the_job, 50, int(the_job.body["max_tokens"]))
     replies = await rig.edge.dispatcher.submit(the_job)
     came: list[Reply] = []
@@ -192,6 +196,10 @@ async def hand_back(
     assert await rig.redis.exists(rig.keys.run_note(the_job.request_id))
     await set_faults(hosted)
     return the_job, replies, came
+
+
+async def _registered(redis_conn: aioredis.Redis, idle: str) -> bool:
+    return int(await redis_conn.zcard(idle)) > 0
 
 
 async def worker_finds(rig: Rig, the_job: Job) -> None:
@@ -250,19 +258,22 @@ async def test_a_handed_back_job_whose_client_left_books_its_noted_calls(
     assert await settled(rig.budgets) == (cost(back), 0)
 
 
-@pytest.mark.parametrize("why", ["client left", "deadline"])
+@pytest.mark.parametrize("why", ["client left", "deadline", "deadline, handed over"])
 async def test_a_stream_handed_back_mid_way_books_its_noted_stream(
     rig: Rig, books: Books, why: str
 ) -> None:
     """The stream had reached its client when its worker handed it back. Its client leaves
     (the relay's ``abandon_soon``), or its deadline passes before a worker takes it over (the
-    edge ends the stream with the error): either way the edge holds the claim and the row
-    books the stream as the leaving worker cancelled it (vLLM's own usage, not flagged)."""
+    edge ends the stream with the error; also for a job the enqueue had handed straight to the
+    idle worker, claim taken for it, which the edge waits for as a started job): either way
+    the edge holds the claim and the row books the stream as the leaving worker cancelled it
+    (vLLM's own usage, not flagged)."""
     timeout_s = 60.0 if why == "client left" else 2.0
     the_job, replies, came = await hand_back(
         rig,
         lambda: mixed_job("r-stream", (MODEL,), stream=True, max_tokens=200, timeout_s=timeout_s),
         replies_before=4,
+        handed_over=why.endswith("handed over"),
     )
     if why == "client left":
         rig.edge.dispatcher.abandon_soon(the_job)
