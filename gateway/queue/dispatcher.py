@@ -223,22 +223,17 @@ class Dispatcher:
                 except TimeoutError:
                     if claimed_by_worker:
                         item = await self._late_started(job)
-                        yield item
-                        return
-                    claim = await self._claim_for_edge(job)
-                    if not claim.edge:
-                        claimed_by_worker = True
-                        deadline = job.deadline + _RUNNING_GRACE_S
-                        continue
-                    if claim.note is None:
-                        raise DeadlineExceeded(
-                            "the request could not start before its deadline"
-                        ) from None
-                    late = "the request was handed back and not taken over before its deadline"
-                    booked = await self._book_noted(job, claim.note, DeadlineExceeded(late))
-                    if booked is None:  # left to the worker that finds the job
-                        raise RunTimedOut(late) from None
-                    item = booked  # booked here: answered as a worker's error is
+                    else:
+                        claim = await self._claim_for_edge(job)
+                        if not claim.edge:
+                            claimed_by_worker = True
+                            deadline = job.deadline + _RUNNING_GRACE_S
+                            continue
+                        if claim.note is None:
+                            raise DeadlineExceeded(
+                                "the request could not start before its deadline"
+                            ) from None
+                        item = await self._handed_back_late(job, claim.note)
                 if isinstance(item, BaseException):
                     raise item
                 yield item
@@ -334,9 +329,15 @@ class Dispatcher:
             raise timed_out from None
         if not claim.edge or claim.note is None:
             raise timed_out
+        return await self._handed_back_late(job, claim.note)
+
+    async def _handed_back_late(self, job: Job, note: RunNote) -> Reply:
+        """The edge's claim took a handed-back job past its deadline: booked from ``note``
+        here, answered as a worker's error is (its 504 carries the cost); with no booker, left
+        to the worker that finds the job (``RunTimedOut``: a provisional row)."""
         late = "the request was handed back and not taken over before its deadline"
-        booked = await self._book_noted(job, claim.note, DeadlineExceeded(late))
-        if booked is None:  # left to the worker that finds the job
+        booked = await self._book_noted(job, note, DeadlineExceeded(late))
+        if booked is None:
             raise RunTimedOut(late)
         return booked
 

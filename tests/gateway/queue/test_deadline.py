@@ -344,14 +344,19 @@ async def test_a_short_deadline_spills_off_the_large_tier_instead_of_a_429(
         raw = await after.chat.completions.with_raw_response.create(
             model="auto", messages=messages, max_tokens=8, extra_headers=short
         )
-        answer = raw.parse()
         await after.close()
-        assert answer.choices[0].message.content
-        assert raw.headers["x-tiergate-rule"] == "spill:deadline"
-        assert (raw.headers["x-tiergate-tier"], raw.headers["x-tiergate-model"]) == ("small", SMALL)
-        row = await _row(services, raw.headers["x-request-id"])
-        assert row is not None and (row.status_code, row.outcome) == (200, "ok")
-        assert (row.tier, row.deployment, row.rule) == ("small", SMALL, "spill:deadline")
+        await _answered_by_the_spill(services, raw)
+
+
+async def _answered_by_the_spill(services: Services, raw: Any) -> None:
+    """``raw`` (a raw chat response) was answered by the small tier, spilled there for its
+    deadline, and its ledger row says so."""
+    assert raw.parse().choices[0].message.content
+    assert raw.headers["x-tiergate-rule"] == "spill:deadline"
+    assert (raw.headers["x-tiergate-tier"], raw.headers["x-tiergate-model"]) == ("small", SMALL)
+    row = await _row(services, raw.headers["x-request-id"])
+    assert row is not None and (row.status_code, row.outcome) == (200, "ok")
+    assert (row.tier, row.deployment, row.rule) == ("small", SMALL, "spill:deadline")
 
 
 async def test_the_openai_sdks_own_short_timeout_is_the_deadline(
@@ -398,14 +403,8 @@ async def test_the_openai_sdks_own_short_timeout_is_the_deadline(
         raw = await hasty.chat.completions.with_raw_response.create(
             model="auto", messages=messages, max_tokens=8
         )
-        answer = raw.parse()
         await patient.close()
-        assert answer.choices[0].message.content
-        assert raw.headers["x-tiergate-rule"] == "spill:deadline"
-        assert (raw.headers["x-tiergate-tier"], raw.headers["x-tiergate-model"]) == ("small", SMALL)
-        row = await _row(services, raw.headers["x-request-id"])
-        assert row is not None and (row.status_code, row.outcome) == (200, "ok")
-        assert (row.tier, row.deployment, row.rule) == ("small", SMALL, "spill:deadline")
+        await _answered_by_the_spill(services, raw)
 
 
 async def test_the_dispatcher_judges_the_tier_the_plan_queues_in(
