@@ -225,7 +225,7 @@ async def open_services(
             url = embedded.start()
             stack.callback(embedded.stop)
             log.info("started embedded redis-server at %s", url)
-        redis = redis_client(url, socket_timeout=1.0)
+        redis = redis_client(url, socket_timeout=settings.redis.command_timeout_s)
         stack.push_async_callback(redis.aclose)
         blocking = redis_client(url, socket_timeout=5.0)
         stack.push_async_callback(blocking.aclose)

@@ -70,6 +70,10 @@ class RedisSettings(_Strict):
     """``None``: start an embedded Redis (local ``redis-server`` binary)."""
     key_prefix: str = "tg"
     """Every key tiergate writes starts with ``{prefix}:`` (tests isolate themselves this way)."""
+    command_timeout_s: float = Field(default=1.0, gt=0, le=30)
+    """How long a request-path Redis command may take, from send to reply, before the request
+    gets a 503: a lost Redis fails fast instead of hanging every request. The wait for the
+    reply includes the event loop's turn, so a gateway run far past its CPU may see it."""
 
 
 class DatabaseSettings(_Strict):

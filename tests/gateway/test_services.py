@@ -43,3 +43,16 @@ async def test_the_sink_runs_where_asked(
         left = await services.redis.xlen(services.redis_keys.ledger_events)
     assert booked is books
     assert left == (0 if books else 1)
+
+
+@pytest.mark.parametrize("timeout_s", [1.0, 2.5])
+async def test_request_path_redis_commands_are_bounded_by_the_setting(
+    tmp_path: Path, redis_url: str, key_prefix: str, timeout_s: float
+) -> None:
+    settings = auth_settings(tmp_path, redis_url, key_prefix)
+    redis = settings.redis.model_copy(update={"command_timeout_s": timeout_s})
+    settings = settings.model_copy(update={"redis": redis})
+    async with open_services(settings, dev=True, workers=False, sink=False) as services:
+        pool = services.redis.connection_pool
+        assert pool.connection_kwargs["socket_timeout"] == timeout_s
+        assert pool.timeout == timeout_s  # type: ignore[attr-defined]  # the wait for a connection

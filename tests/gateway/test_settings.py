@@ -39,6 +39,7 @@ def test_environment_wins_over_the_file(monkeypatch: pytest.MonkeyPatch) -> None
         "deployments: [{model: auto, tier: small, replicas: [{url: 'http://x'}]}]\n",  # reserved id
         "deployments: [{model: m, tier: small}]\n",  # vllm without replicas
         "tenants: {a: {key_env: K, baseline_model: nope}}\n",  # unknown reference
+        "redis: {command_timeout_s: 0}\n",  # a bound of nothing
     ],
 )
 def test_bad_config_is_rejected(tmp_path: Path, yaml_text: str) -> None:

@@ -55,6 +55,10 @@ async def budgeted_gateway(
 
     def budget(config: dict[str, Any]) -> None:
         config["tenants"]["acme"]["budgets"] = [{"name": "the-budget", "limit_usd": limit_usd}]
+        # Fifty requests at once on one event loop, on a machine busy with other tests: a reply
+        # can wait past the production 1 s bound for the loop's turn. These tests are about the
+        # race, not about failing fast when Redis is lost (tests/e2e/test_redis_outage.py).
+        config["redis"]["command_timeout_s"] = 10
 
     async with inprocess_gateway(redis_url, key_prefix, workdir, edit=budget) as (services, _, c):
         yield services, c
