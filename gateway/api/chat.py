@@ -141,11 +141,18 @@ async def chat_completions(
         )
         if stream:
             idle_s = services.settings.limits.sse_idle_s
+
+            async def book_unrun() -> None:  # its client left; its job found never run
+                gone = ClientDisconnected("the client closed the connection before the answer")
+                await _book(
+                    services, request_id, principal, received_at, gone, requested_model, plan, True
+                )
+
             return await sse_response(
                 ctx,
                 first,
                 idle_limited(replies, idle_s),
-                on_gone=lambda: services.dispatcher.abandon_soon(job),
+                on_gone=lambda: services.dispatcher.abandon_soon(job, book_unrun),
             )
         return json_response(ctx, first)
     except RelayedError as relayed:

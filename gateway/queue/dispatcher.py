@@ -35,7 +35,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -132,7 +132,7 @@ class Dispatcher:
         self._local = local
         self._deadline = deadline
         self._noted = noted
-        self._abandoning: set[asyncio.Task[bool]] = set()
+        self._abandoning: set[asyncio.Task[None]] = set()
         self._started_here: set[str] = set()
         """Jobs this process's worker started at once (no claim key: the worker owns them)."""
 
@@ -269,13 +269,20 @@ class Dispatcher:
             raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
         return False
 
-    def abandon_soon(self, job: Job) -> None:
-        """``abandon`` from a context that is being cancelled (a stream whose client left)."""
-        task = asyncio.create_task(self.abandon(job), name=f"tiergate-abandon-{job.request_id}")
+    def abandon_soon(self, job: Job, book_unrun: Callable[[], Awaitable[None]]) -> None:
+        """``abandon`` from a context that is being cancelled (a stream whose client left);
+        ``book_unrun`` books the request when ``abandon`` leaves it to the caller: a stream
+        handed back mid-way whose run note could not be written is found with no note."""
+
+        async def abandon() -> None:
+            if await self.abandon(job):
+                await book_unrun()
+
+        task = asyncio.create_task(abandon(), name=f"tiergate-abandon-{job.request_id}")
         self._abandoning.add(task)
         task.add_done_callback(self._abandoned)
 
-    def _abandoned(self, task: asyncio.Task[bool]) -> None:
+    def _abandoned(self, task: asyncio.Task[None]) -> None:
         self._abandoning.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("could not stop an abandoned job: %r", task.exception())

@@ -27,7 +27,7 @@ from gateway.api.booking import book_refusal
 from gateway.api.chat import _abandoned
 from gateway.api.relay import RelayedError
 from gateway.auth.principals import Principal
-from gateway.errors import GatewayError
+from gateway.errors import ClientDisconnected, GatewayError
 from gateway.metrics import Metrics
 from gateway.observability.tracing import Tracing
 from gateway.queue.billing import Billing
@@ -276,7 +276,7 @@ async def test_a_stream_handed_back_mid_way_books_its_noted_stream(
         handed_over=why.endswith("handed over"),
     )
     if why == "client left":
-        rig.edge.dispatcher.abandon_soon(the_job)
+        rig.edge.dispatcher.abandon_soon(the_job, _never)
         await until(lambda: _note_gone(rig, the_job), 5)
         await replies.aclose()  # type: ignore[attr-defined]
         outcome = ("client_disconnected", 499)
@@ -306,6 +306,50 @@ async def test_a_stream_handed_back_mid_way_books_its_noted_stream(
 
 async def _note_gone(rig: Rig, the_job: Job) -> bool:
     return not await rig.redis.exists(rig.keys.run_note(the_job.request_id))
+
+
+async def _never() -> None:
+    raise AssertionError("the request was left to the relay to book")
+
+
+async def test_a_stream_handed_back_without_its_note_is_booked_when_its_client_leaves(
+    rig: Rig, books: Books
+) -> None:
+    """The leaving worker could not write its note (Redis failed it), so the edge finds no
+    note when its client leaves mid-stream and takes the claim: ``abandon`` leaves the request
+    to the caller, and the relay's ``book_unrun`` books it, once. No worker runs it again."""
+    the_job, replies, _ = await hand_back(
+        rig,
+        lambda: mixed_job("r-unnoted", (MODEL,), stream=True, max_tokens=200, timeout_s=60.0),
+        replies_before=4,
+    )
+    await rig.redis.delete(rig.keys.run_note(the_job.request_id))  # the write that failed
+    booked: list[str] = []
+
+    async def book_unrun() -> None:
+        error = ClientDisconnected("the client closed the connection before the answer")
+        await book_refusal(
+            edge_services(rig.edge.dispatcher, rig.writer),
+            request_id=the_job.request_id,
+            principal=PRINCIPAL,
+            received_at=the_job.received_at,
+            error=error,
+            plan=the_job.plan,
+            stream=True,
+        )
+        booked.append(the_job.request_id)
+
+    rig.edge.dispatcher.abandon_soon(the_job, book_unrun)
+    await until(lambda: booked, 5)
+    await replies.aclose()  # type: ignore[attr-defined]
+    entry = await books.row("r-unnoted")
+    assert (entry.outcome, entry.status_code) == ("client_disconnected", 499)
+    claim = rig.keys.claim(the_job.plan.tier.value, the_job.request_id)
+    assert await rig.redis.get(claim) == EDGE_CLAIM.encode()
+
+    await worker_finds(rig, the_job)
+    assert await books.row("r-unnoted") == entry
+    assert await books.count() == 1
 
 
 async def test_a_handed_back_job_past_its_deadline_is_booked_by_its_edge_at_once(
