@@ -38,6 +38,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -222,7 +223,7 @@ async def one_request(
     client: openai.AsyncOpenAI, rng: random.Random, stream: bool
 ) -> tuple[str, str | None]:
     model = rng.choice(("small", "large", "auto"))
-    messages = [{"role": "user", "content": rng.choice(PROMPTS)}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": rng.choice(PROMPTS)}]
     try:
         if not stream:
             raw = await client.chat.completions.with_raw_response.create(
@@ -231,13 +232,13 @@ async def one_request(
             completion = raw.parse()
             ok = completion.choices[0].finish_reason in ("stop", "length")
             return ("ok" if ok else "bad_finish"), raw.headers.get("x-request-id")
-        raw = await client.chat.completions.with_raw_response.create(
+        raw_stream = await client.chat.completions.with_raw_response.create(
             model=model, messages=messages, max_tokens=120, stream=True
         )
-        request_id = raw.headers.get("x-request-id")
+        request_id = raw_stream.headers.get("x-request-id")
         finish = None
         try:
-            async for chunk in raw.parse():
+            async for chunk in raw_stream.parse():
                 for choice in chunk.choices:
                     finish = choice.finish_reason or finish
         except openai.APIError:

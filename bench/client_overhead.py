@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib.metadata
 import os
 import platform
@@ -24,7 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -181,9 +182,9 @@ async def run_backend(base_url: str, *, stream: bool, **kw: Any) -> dict[str, fl
         await backend.aclose()
 
 
-def _clients(base_url: str) -> dict[str, Callable[..., Awaitable[dict[str, float]]]]:
+def _clients(base_url: str) -> dict[str, Callable[..., Coroutine[Any, Any, dict[str, float]]]]:
     url = base_url + "/v1/chat/completions"
-    clients: dict[str, Callable[..., Awaitable[dict[str, float]]]] = {
+    clients: dict[str, Callable[..., Coroutine[Any, Any, dict[str, float]]]] = {
         "aiohttp": lambda **kw: run_aiohttp(url, **kw),
         "httpx": lambda **kw: run_httpx("httpx", url, **kw),
     }
@@ -198,7 +199,7 @@ def _clients(base_url: str) -> dict[str, Callable[..., Awaitable[dict[str, float
 
 
 def _run_one(
-    loop_name: str, factory: Callable[[], Awaitable[dict[str, float]]]
+    loop_name: str, factory: Callable[[], Coroutine[Any, Any, dict[str, float]]]
 ) -> dict[str, float]:
     if loop_name == "uvloop":
         import uvloop
@@ -264,7 +265,7 @@ def main() -> None:
                     kw = {"requests": args.requests, "concurrency": concurrency}
                     kw["warmup"] = args.warmup
                     runs = [
-                        _run_one(loop_name, lambda name=name, kw=kw: clients[name](**kw))
+                        _run_one(loop_name, functools.partial(clients[name], **kw))
                         for _ in range(args.repeats)
                     ]
                     row = {

@@ -38,7 +38,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     rig = await make_rig(args.redis_url, replicas=1, capacity=64, time_scale=0.0, itl_s=0.0)
     worker = await rig.add_worker("w1", beside_edge=not args.reply_stream)
     rig.start_edge(max_depth=10_000, local=worker if args.direct else None)
-    assert rig.dispatcher is not None
+    dispatcher = rig.dispatcher
+    assert dispatcher is not None
     starts: list[float] = []
     hops: list[float] = []
     totals: list[float] = []
@@ -46,7 +47,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     async def one(n: int, record: bool) -> None:
         job = make_job(f"h{n}", tenant="t", priority="interactive", timeout_s=10, max_tokens=4)
         t0 = time.perf_counter()
-        reply = await final_reply(rig.dispatcher, job)  # type: ignore[arg-type]
+        reply = await final_reply(dispatcher, job)
         total = time.perf_counter() - t0
         if record and reply.kind == "result":
             backend = float(reply.meta.get("backend_ms", 0.0)) / 1000

@@ -47,7 +47,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         deadline_admission=args.deadline_admission,
         deadline_margin=args.deadline_margin,
     )
-    assert rig.dispatcher is not None
+    dispatcher = rig.dispatcher
+    assert dispatcher is not None
     service_s = 0.02 + args.max_tokens * args.itl_s
     capacity_rps = 2 * args.capacity / service_s
     rates = {"interactive": 0.5 * capacity_rps, "batch": 2.5 * capacity_rps}
@@ -67,7 +68,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             max_tokens=args.max_tokens,
         )  # fmt: skip
         try:
-            reply = await asyncio.wait_for(final_reply(rig.dispatcher, job), args.timeout_s + 15)
+            reply = await asyncio.wait_for(final_reply(dispatcher, job), args.timeout_s + 15)
         except GatewayError as exc:
             outcomes[lane][str(exc.status)] += 1
             refusals[lane][exc.code] += 1  # queue_full, deadline_unreachable, …

@@ -13,11 +13,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from backends.openai_http import VLLMBackend
 from backends.sim import PROFILES, create_sim_app
@@ -69,7 +69,7 @@ async def start_sim(capacity: int, *, time_scale: float, itl_s: float) -> Sim:
     sim = Sim(url="", capacity=capacity)
 
     @web.middleware
-    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path != "/v1/chat/completions":
             return await handler(request)
         sim.now += 1
