@@ -9,13 +9,14 @@ into responses.
     ├── PermissionDenied        403 model_not_allowed / permission_denied
     ├── ModelNotFound           404 model_not_found
     │   └── NotFound            404 not_found (an admin object: tenant, key)
-    ├── Conflict                409 conflict (it exists already)
+    ├── Conflict                409 conflict (it exists already; x-should-retry: false)
     │   └── IdempotencyKeyReused 409 idempotency_key_reused: it ran, its answer is gone
     ├── PayloadTooLarge         413 request_too_large
     ├── HeadersTooLarge         431 request_headers_too_large
     ├── RateLimited             429 rate_limit_exceeded / queue_full / deadline_unreachable
     │                               (with Retry-After)
     │   └── BudgetExceeded      429 budget_exceeded: a hard budget cannot cover the request
+    │                               (x-should-retry: false)
     ├── UpstreamFailed          502 upstream_error: every deployment of the plan failed
     ├── ServiceUnavailable      503 service_unavailable: Redis or the database cannot be used
     └── DeadlineExceeded        504 timeout: the request could not finish before its deadline
@@ -52,6 +53,10 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str = "internal_error"
+    retryable: bool | None = None
+    """Whether sending the same request again soon can get another answer, told to the client
+    as ``x-should-retry``: the official OpenAI SDKs obey it over their own rule, which retries
+    every 408, 409, 429 and 5xx twice. ``None``: not said (the SDK's rule applies)."""
 
     def __init__(
         self,
@@ -120,6 +125,7 @@ class Conflict(GatewayError):
     status = 409
     type = "invalid_request_error"
     code = "conflict"
+    retryable = False  # the same request meets the same state
 
 
 class IdempotencyKeyReused(Conflict):
@@ -149,6 +155,7 @@ class RateLimited(GatewayError):
 
 class BudgetExceeded(RateLimited):
     code = "budget_exceeded"
+    retryable = False  # a budget's window does not refill in the seconds a client retries in
 
 
 class UpstreamFailed(GatewayError):

@@ -31,6 +31,14 @@ _RETRY_AFTER = {
     }
 }
 
+_SHOULD_RETRY = {
+    "x-should-retry": {
+        "description": "`false` where sending the same request again cannot help (a hard "
+        "budget spent, a conflict); the official OpenAI SDKs then do not retry.",
+        "schema": {"type": "string", "enum": ["true", "false"]},
+    }
+}
+
 
 class ErrorDetail(BaseModel):
     message: str
@@ -47,7 +55,8 @@ class ErrorResponse(BaseModel):
 
 def refusals(*statuses: int, authenticated: bool = True) -> dict[int | str, dict[str, Any]]:
     """``responses=`` for a router or route: ``statuses``, and with ``authenticated`` those of
-    every route behind a key. ``429`` and ``503`` carry ``Retry-After`` when it is known."""
+    every route behind a key. ``429`` and ``503`` carry ``Retry-After`` when it is known, ``409``
+    and ``429`` ``x-should-retry: false`` where a retry cannot help."""
     documented: dict[int | str, dict[str, Any]] = {}
     for status in sorted({*statuses, *(_AUTHENTICATED if authenticated else ())}):
         entry: dict[str, Any] = {
@@ -55,7 +64,9 @@ def refusals(*statuses: int, authenticated: bool = True) -> dict[int | str, dict
             "description": HTTPStatus(status).phrase,
         }
         if status in (429, 503):
-            entry["headers"] = _RETRY_AFTER
+            entry["headers"] = dict(_RETRY_AFTER)
+        if status in (409, 429):
+            entry["headers"] = {**entry.get("headers", {}), **_SHOULD_RETRY}
         documented[status] = entry
     return documented
 

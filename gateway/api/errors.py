@@ -31,6 +31,8 @@ def error_response(request: Request, error: GatewayError) -> JSONResponse:
         headers["x-request-id"] = request_id
     if error.retry_after is not None:
         headers["retry-after"] = str(max(1, math.ceil(error.retry_after)))
+    if error.retryable is not None:
+        headers["x-should-retry"] = "true" if error.retryable else "false"
     if error.status == 401:
         headers["www-authenticate"] = "Bearer"
     note_error(error.code)

@@ -287,6 +287,47 @@ async def test_fifty_chat_requests_racing_the_last_dollar_through_the_gateway(
         assert status.spent_micro_usd + status.reserved_micro_usd <= status.limit_micro_usd
 
 
+async def test_the_openai_sdk_does_not_retry_a_spent_budget(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """The official client retries every 429 twice by its own rule; a spent hard budget says
+    ``x-should-retry: false``, so the client raises at once: one request sent, one row."""
+    import openai
+    from sqlalchemy import func, select
+
+    from gateway.accounting.schema import ledger_entries
+
+    sent: list[httpx.Request] = []
+
+    async def count(request: httpx.Request) -> None:
+        sent.append(request)
+
+    async with budgeted_gateway(redis_url, key_prefix, tmp_path, "0.00001") as (services, c):
+        http = httpx.AsyncClient(
+            transport=c._transport, timeout=60, event_hooks={"request": [count]}
+        )
+        api = openai.AsyncOpenAI(
+            base_url="http://tiergate/v1", api_key="dev-acme", http_client=http
+        )
+        with pytest.raises(openai.RateLimitError) as refused:
+            await api.chat.completions.create(
+                model=SMALL, messages=[{"role": "user", "content": "hi"}], max_tokens=1000
+            )
+        await http.aclose()
+        assert refused.value.code == "budget_exceeded"
+        assert refused.value.response.headers["x-should-retry"] == "false"
+        assert len(sent) == 1
+        for _ in range(200):
+            async with services.ledger.engine.connect() as conn:
+                rows = (
+                    await conn.execute(select(func.count()).select_from(ledger_entries))
+                ).scalar_one()
+            if rows:
+                break
+            await asyncio.sleep(0.05)
+        assert rows == 1
+
+
 async def test_a_repeat_answered_from_its_first_request_holds_no_reservation(
     redis_url: str, key_prefix: str, tmp_path: Path
 ) -> None:
