@@ -175,9 +175,6 @@ class Executor:
         """``_run``, ended as ``client_disconnected`` when the job is abandoned."""
         job = run.job
         try:
-            if job.request_id in self._abandoned:  # its client left before it started
-                gone = ClientDisconnected("the client closed the connection")
-                return self._billing.entry(run, gone.outcome, gone.status)
             return await self._run(run, emit)
         except asyncio.CancelledError:
             if job.request_id not in self._abandoned:
@@ -199,6 +196,9 @@ class Executor:
             note = await self._notes.read(job.request_id)
             if note is not None:
                 run.carried = note.booked(job.body, external=self._external)
+        if job.request_id in self._abandoned:  # its client left before it started
+            gone = ClientDisconnected("the client closed the connection")
+            return self._billing.entry(run, gone.outcome, gone.status)
         if run.picked_at >= job.deadline:
             error: GatewayError = DeadlineExceeded(
                 "the request could not start before its deadline"

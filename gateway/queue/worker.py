@@ -35,6 +35,7 @@ from gateway.accounting.writer import LedgerWriter
 from gateway.coalescer import Coalescer
 from gateway.limits.idempotency import Idempotency
 from gateway.observability.tracing import Tracing
+from gateway.queue.cancels import EarlyCancels, hear_cancels
 from gateway.queue.claims import WorkerClaims
 from gateway.queue.direct import DirectStart
 from gateway.queue.executor import Executor
@@ -119,6 +120,7 @@ class Worker:
         """Request id -> the task running its executor (what a cancel stops)."""
         self._starting: set[str] = set()
         """Jobs started at once whose task has not run yet (a cancel marks them abandoned)."""
+        self._early_cancels = EarlyCancels()
         self._stopping = False
         self._tracing = tracing or Tracing.off()
         self._claims = WorkerClaims(
@@ -135,7 +137,8 @@ class Worker:
                 asyncio.create_task(self._reclaim(tier), name=f"tiergate-reclaim-{tier}")
             )
         self._tasks.append(asyncio.create_task(self._heartbeat(), name="tiergate-heartbeat"))
-        self._tasks.append(asyncio.create_task(self._cancels(), name="tiergate-cancels"))
+        cancels = hear_cancels(self._blocking, self._keys.cancels, self.cancel, self._stopping_not)
+        self._tasks.append(asyncio.create_task(cancels, name="tiergate-cancels"))
         self._tasks.append(asyncio.create_task(self._renew(), name="tiergate-renew-entries"))
 
     @property
@@ -188,31 +191,17 @@ class Worker:
         if task is None and request_id in self._starting:
             self._executor.abandon(request_id)  # it ends before its first call (``Executor``)
             return True
-        if task is None or task.done():
+        if task is None:
+            self._early_cancels.hear(request_id)  # it may be about to start here
+            return False
+        if task.done():
             return False
         self._executor.abandon(request_id)
         task.cancel()
         return True
 
-    async def _cancels(self) -> None:
-        """Cancels published by edges of other processes (``RedisKeys.cancels``)."""
-        backoff = 0.1
-        while not self._stopping:
-            pubsub = self._blocking.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self._keys.cancels)
-                backoff = 0.1
-                while not self._stopping:
-                    message = await pubsub.get_message(timeout=1.0)
-                    if message is not None and isinstance(message.get("data"), bytes):
-                        self.cancel(message["data"].decode())
-            except (RedisError, OSError) as exc:
-                log.warning("worker cannot hear cancels: %s", type(exc).__name__)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+    def _stopping_not(self) -> bool:
+        return not self._stopping
 
     async def stop_taking(self) -> None:
         """Stop taking new jobs; the ones running go on."""
@@ -401,6 +390,8 @@ class Worker:
             assert task is not None
             self._running[job.request_id] = task
             self._starting.discard(job.request_id)
+            if self._early_cancels.take(job.request_id):
+                self._executor.abandon(job.request_id)  # it ends before its first call
             try:
                 run = functools.partial(
                     self._executor.run,

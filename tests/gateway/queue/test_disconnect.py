@@ -70,3 +70,36 @@ async def test_a_running_job_whose_client_left_is_stopped_by_its_worker_and_book
     )
     assert [a.outcome for a in entry.attempts] == ["cancelled"]
     assert stopped_in < 2.0
+
+
+async def test_a_cancel_heard_before_its_job_runs_here_stops_it_when_it_starts(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    start_sim,  # type: ignore[no-untyped-def]
+    edge: Edge,
+) -> None:
+    """An edge publishes its cancel once a worker's claim has won, and the message can reach
+    that worker before its task has registered the job as running. The worker keeps the cancel
+    (``EarlyCancels``): the job, when it starts, ends at once, booked 499 without a call, not
+    run in full for a client that has gone. Here the cancel comes first outright."""
+    sim = await start_sim(2, time_scale=0.0)
+    keys = RedisKeys(key_prefix)
+    booked = Collect()
+    node = await start_node(redis_conn, keys, [sim], booked, "w-late")
+    try:
+        assert not node.worker.cancel("r-early")  # what its listener calls: nothing runs yet
+        replies = await edge.dispatcher.submit(job("r-early", edge.edge_id))
+        await until(lambda: bool(booked.entries), 5)
+        await replies.aclose()  # type: ignore[attr-defined]
+        later, _ = await edge.call(job("r-later", edge.edge_id))  # kept no longer than needed
+    finally:
+        await node.aclose()
+    entry = booked.entries[0]
+    assert (entry.request_id, entry.outcome, entry.status_code) == (
+        "r-early",
+        "client_disconnected",
+        499,
+    )
+    assert entry.attempts == ()
+    assert later.kind == "result"
+    assert sim.served == ["r-later"]  # r-early never reached the backend

@@ -413,3 +413,29 @@ async def test_a_worker_that_reads_the_note_before_the_edge_deleted_it_books_not
         cost(back),
     )
     assert await settled(budgets) == (cost(back), 0)
+
+
+async def test_a_cancel_heard_before_the_take_over_books_the_noted_calls(
+    rig: Rig, books: Books
+) -> None:
+    """The worker taking a handed-back job over wins its claim, so its edge's cancel goes out
+    on the channel, and it can be heard before the job runs there (``EarlyCancels``). The run
+    ends at once, 499, without a call, and its row still books the noted call the provider
+    bills."""
+    vllm, hosted = rig.sims
+    the_job, replies, _ = await hand_back(rig, lambda: mixed_job("r-early", (HOSTED,)))
+    taking_over = await start_mixed_node(
+        rig.redis, rig.keys, vllm.url, hosted.url, rig.writer, "taking-over", reclaim_idle_s=1.0
+    )
+    try:
+        assert not taking_over.worker.cancel(the_job.request_id)  # heard; nothing runs yet
+        entry = await books.row("r-early")
+    finally:
+        await taking_over.aclose()
+        await replies.aclose()  # type: ignore[attr-defined]
+    assert (entry.outcome, entry.status_code) == ("client_disconnected", 499)
+    assert calls(entry) == [(HOSTED, "cancelled", True)]
+    (back,) = entry.attempts
+    assert entry.cost_micro_usd == cost(back) > 0
+    assert len(hosted.served) == 1  # only the call before the hand-back
+    assert await settled(rig.budgets) == (cost(back), 0)
