@@ -30,7 +30,8 @@ books its real cost into ``spent`` (or the reservation, when the price is unknow
 nothing out of ``reserved`` again. Both scripts delete what they handled from the open set, so
 whichever runs first wins and the other changes nothing; several sweepers at once release once.
 The release and settle scripts reach the reservation's windows (and the release script the
-reservations) through names they read, not declared keys; all are in the tenant's slot.
+reservations) through names they read, not declared keys; all are in the tenant's slot. The
+scripts themselves are in ``gateway.accounting.budget_scripts``.
 
 Redis holds the fast copy; SQL is the truth. A window's hash is *seeded* from the ledger the
 first time a reservation touches it (a new window, or after Redis lost its data): the reserve
@@ -54,6 +55,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.accounting.budget_scripts import (
+    RELEASE_SCRIPT,
+    RESERVE_SCRIPT,
+    SEED_SCRIPT,
+    SETTLE_SCRIPT,
+)
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import LedgerEntry, to_micro
 from gateway.errors import BudgetExceeded, ServiceUnavailable
@@ -99,111 +106,6 @@ and booked at once as past its deadline, the edge's wait for a started job (5 s)
 write and the settlement (a few Redis round trips, 1 s timeouts). About a minute; five here."""
 RELEASE_BATCH = 500
 """Most reservations one release script handles (it runs again while it finds this many)."""
-
-# KEYS: the reservation, the tenant's open set, the budget windows. ARGV: amount, request id,
-# release after (ms), '1' to require seeded windows, then limit, hard, ttl of each window.
-_RESERVE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {1, ''} end
-if ARGV[4] == '1' then
-  for i = 3, #KEYS do
-    if redis.call('HEXISTS', KEYS[i], 'seeded') == 0 then return {2, KEYS[i]} end
-  end
-end
-local amount = tonumber(ARGV[1])
-for i = 3, #KEYS do
-  local a = 5 + (i - 3) * 3
-  if ARGV[a + 1] == '1' then
-    local spent = tonumber(redis.call('HGET', KEYS[i], 'spent') or '0')
-    local reserved = tonumber(redis.call('HGET', KEYS[i], 'reserved') or '0')
-    if spent + reserved + amount > tonumber(ARGV[a]) then return {0, KEYS[i]} end
-  end
-end
-local ttl = 0
-for i = 3, #KEYS do
-  local a = 5 + (i - 3) * 3
-  redis.call('HINCRBY', KEYS[i], 'reserved', amount)
-  redis.call('EXPIRE', KEYS[i], tonumber(ARGV[a + 2]))
-  redis.call('HSET', KEYS[1], KEYS[i], amount)
-  ttl = math.max(ttl, tonumber(ARGV[a + 2]))
-end
-if ttl > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
-  redis.call('EXPIRE', KEYS[2], ttl)
-end
-return {1, ''}
-"""
-
-_SEED = """
-if redis.call('HSETNX', KEYS[1], 'seeded', '1') == 1 then
-  local spent = tonumber(redis.call('HGET', KEYS[1], 'spent') or '0')
-  if tonumber(ARGV[1]) > spent then redis.call('HSET', KEYS[1], 'spent', ARGV[1]) end
-  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
-end
-return 1
-"""
-
-# KEYS: the reservation, the settled marker, the tenant's open set, the budget windows (booked
-# when there is no reservation). ARGV: the real cost (-1: unknown), the marker's ttl, the
-# windows' ttl, the request id.
-_SETTLE = """
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[2])) then return {} end
-redis.call('ZREM', KEYS[3], ARGV[4])
-local actual = tonumber(ARGV[1])
-local out = {}
-local held = redis.call('HGETALL', KEYS[1])
-if #held > 0 then
-  local released = redis.call('HEXISTS', KEYS[1], 'released') == 1
-  for i = 1, #held, 2 do
-    if held[i] ~= 'released' then
-      local amount = tonumber(held[i + 1])
-      local cost = actual
-      if cost < 0 then cost = amount end
-      if not released then redis.call('HINCRBY', held[i], 'reserved', -amount) end
-      local spent = redis.call('HINCRBY', held[i], 'spent', cost)
-      table.insert(out, held[i]); table.insert(out, spent)
-    end
-  end
-  redis.call('DEL', KEYS[1])
-elseif actual > 0 then
-  for i = 4, #KEYS do
-    local spent = redis.call('HINCRBY', KEYS[i], 'spent', actual)
-    redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3]))
-    table.insert(out, KEYS[i]); table.insert(out, spent)
-  end
-end
-return out
-"""
-
-# KEYS: the tenant's open set. ARGV: the reservations' key prefix (``…:res:``), the most to
-# release, how long a released reservation is kept. Returns {released, their amount, due seen}.
-_RELEASE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
-local count, total = 0, 0
-for _, id in ipairs(due) do
-  local key = ARGV[1] .. id
-  local held = redis.call('HGETALL', key)
-  if #held > 0 and redis.call('HEXISTS', key, 'released') == 0 then
-    local amount = 0
-    for i = 1, #held, 2 do
-      amount = tonumber(held[i + 1])
-      if redis.call('EXISTS', held[i]) == 1 then
-        redis.call('HINCRBY', held[i], 'reserved', -amount)
-      end
-    end
-    redis.call('HSET', key, 'released', '1')
-    redis.call('EXPIRE', key, tonumber(ARGV[3]))
-    count = count + 1
-    total = total + amount
-  end
-  redis.call('ZREM', KEYS[1], id)
-end
-return {count, total, #due}
-"""
 
 
 def release_bound_s(max_timeout_ms: int) -> float:
@@ -294,10 +196,10 @@ class BudgetBook:
         self._prefix = prefix
         self._budgets = budgets
         self._metrics = metrics
-        self._reserve = redis.register_script(_RESERVE)
-        self._seed_script = redis.register_script(_SEED)
-        self._settle = redis.register_script(_SETTLE)
-        self._release = redis.register_script(_RELEASE)
+        self._reserve = redis.register_script(RESERVE_SCRIPT)
+        self._seed_script = redis.register_script(SEED_SCRIPT)
+        self._settle = redis.register_script(SETTLE_SCRIPT)
+        self._release = redis.register_script(RELEASE_SCRIPT)
         self._release_after_ms = max(math.ceil(release_after_s * 1000), 0)
 
     def budgets(self, tenant: str) -> tuple[BudgetSettings, ...]:

@@ -32,24 +32,21 @@ Redis where it leaves the common path (``gateway.queue.notes``), and a reclaimed
 note first and books those calls in its own row, so the one row of the request has them all.
 
 This module walks the chain (breakers, retry policy, deadline, continuation) and ends the run;
-its parts live beside it: the run's record (``gateway.queue.run``), each call booked in the
-ledger row, a span, the attempts metric and the breaker (``gateway.queue.attempts``), the relay
-of one streamed attempt's chunks (``gateway.queue.stream_relay``), and the run's ledger entry
-and reply figures (``gateway.queue.billing``).
+its parts live beside it: the run's record (``gateway.queue.run``), one backend call made and
+booked (``gateway.queue.caller``), each call booked in the ledger row, a span, the attempts
+metric and the breaker (``gateway.queue.attempts``), the relay of one streamed attempt's chunks
+(``gateway.queue.stream_relay``), and the run's ledger entry and reply figures
+(``gateway.queue.billing``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 from backends.errors import BackendError, BackendRejected, ContextLengthExceeded
-from backends.protocol import Backend
-from backends.types import ChatRequest, ChatResponse, Usage
-from gateway.accounting.estimates import billed_without_usage, estimate, output_text, unreadable
+from backends.types import ChatResponse
 from gateway.accounting.records import LedgerEntry
 from gateway.errors import (
     ClientDisconnected,
@@ -67,30 +64,15 @@ from gateway.faults.policy import Sleep
 from gateway.observability.tracing import Tracing
 from gateway.queue.attempts import AttemptCounter, Attempts, provider_of
 from gateway.queue.billing import Billing, PriceLookup
+from gateway.queue.caller import Caller, MidStream, Tripped
 from gateway.queue.jobs import Emit, Job, Reply
 from gateway.queue.notes import RunNotes
 from gateway.queue.pool import BackendPool
 from gateway.queue.run import Run
-from gateway.queue.stream_relay import Streamed, StreamRelay
+from gateway.queue.stream_relay import StreamRelay
 from router.catalog import Catalog, Tier
 
 __all__ = ["AttemptCounter", "Emit", "Executor", "PriceLookup"]
-
-
-class _Tripped(Exception):
-    """A failure that opened the deployment's breaker: move on instead of retrying in place."""
-
-    def __init__(self, error: BackendError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class _MidStream(Exception):
-    """A stream broke after it delivered chunks to the client (never retried in place)."""
-
-    def __init__(self, error: BackendError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 class Executor:
@@ -122,7 +104,6 @@ class Executor:
         self._sleep = sleep
         self._marks = stream_marks
         self._tracing = tracing or Tracing.off()
-        self._inflight = inflight or InflightCalls()
         self._billing = Billing(prices, catalog, baselines)
         self._notes = run_notes
         self._attempts = Attempts(
@@ -132,8 +113,16 @@ class Executor:
             tracing=self._tracing,
             notes=run_notes,
         )
-        self._relay = StreamRelay(self._billing, stream_marks, run_notes)
         self._abandoned: set[str] = set()
+        self._caller = Caller(
+            pool,
+            self._billing,
+            self._attempts,
+            StreamRelay(self._billing, stream_marks, run_notes),
+            tracing=self._tracing,
+            inflight=inflight or InflightCalls(),
+            abandoned=self._abandoned,
+        )
 
     def abandon(self, request_id: str) -> None:
         """Mark a running job as abandoned by its client; cancel its task next."""
@@ -195,7 +184,7 @@ class Executor:
             # Before anything else: however this run ends, its row books the earlier runs' calls.
             note = await self._notes.read(job.request_id)
             if note is not None:
-                run.carried = note.booked(job.body, external=self._external)
+                run.carried = note.booked(job.body, external=self._billing.external)
         if job.request_id in self._abandoned:  # its client left before it started
             gone = ClientDisconnected("the client closed the connection")
             return self._billing.entry(run, gone.outcome, gone.status)
@@ -234,8 +223,8 @@ class Executor:
                 retrying = tier.retry.retrying(deadline=job.deadline, sleep=self._sleep)
                 async for attempt in retrying:
                     with attempt:
-                        response = await self._call(run, deployment, tier)
-            except _Tripped:
+                        response = await self._caller.chat(run, deployment, tier)
+            except Tripped:
                 continue
             except BackendError as exc:
                 if self._final(exc):
@@ -248,65 +237,6 @@ class Executor:
             await emit(Reply(job.request_id, "result", response.body, meta))
             return entry
         return await self._fail(run, emit)
-
-    async def _call(self, run: Run, deployment: str, tier: TierFaults) -> ChatResponse:
-        started = time.time()
-        server: str | None = None
-        body = run.job.body
-        sent = False
-        try:
-            async with self._pool.lease(deployment, affinity=run.job.conversation) as backend:
-                server = backend.address if self._tracing.enabled else None
-                request = self._request(run.job, body, deployment, started, tier)
-                if self._external(deployment):
-                    await self._attempts.calling(run, deployment, started)
-                async with self._inflight.watching(deployment):  # ended if it is drained
-                    sent = True
-                    response = await backend.chat(request)
-        except asyncio.CancelledError:
-            why = self._why_cancelled(run, "call")
-            usage, guess = self._unanswered(deployment, body, "cancelled", sent=sent)
-            self._attempts.record(
-                run, deployment, "cancelled", started, usage, why, server=server, estimated=guess
-            )
-            raise
-        except BackendError as exc:
-            usage, guess = self._unanswered(
-                deployment, body, exc.kind, sent=sent, unreadable=unreadable(exc)
-            )
-            if await self._attempts.failed(
-                run, deployment, exc, started, usage, server=server, estimated=guess
-            ):
-                raise _Tripped(exc) from exc
-            raise
-        usage, guess = response.usage, False
-        if usage is None:  # an answer without usage is billed all the same
-            usage, guess = estimate(body, output_text(response.body)), True
-        self._attempts.record(
-            run, deployment, "ok", started, usage, None, server=server, estimated=guess
-        )
-        await self._attempts.succeeded(deployment)
-        return response
-
-    def _unanswered(
-        self,
-        deployment: str,
-        body: Mapping[str, Any],
-        outcome: str,
-        *,
-        sent: bool,
-        unreadable: bool = False,
-    ) -> tuple[Usage | None, bool]:
-        """What a non-streamed call that got no answer it could read is booked, and whether it
-        is an estimate: nothing, unless its provider bills it anyway (``estimates``): the
-        prompt estimate, and no completion (unknown)."""
-        external = self._external(deployment)
-        billed = billed_without_usage(
-            outcome, external=external, sent=sent, answered=False, unreadable=unreadable
-        )
-        if billed:
-            return estimate(body), True
-        return None, False
 
     # -- streamed ---------------------------------------------------------------------------
 
@@ -328,11 +258,11 @@ class Executor:
                 retrying = tier.retry.retrying(deadline=job.deadline, sleep=self._sleep)
                 async for attempt in retrying:
                     with attempt:
-                        await self._stream_once(run, emit, deployment, tier, body, delivered)
-            except _MidStream as exc:
+                        await self._caller.stream(run, emit, deployment, tier, body, delivered)
+            except MidStream as exc:
                 broke, previous = exc.error, deployment
                 continue
-            except _Tripped:
+            except Tripped:
                 continue
             except BackendError as exc:
                 # A refusal ends the chain, as for a fresh request: a refused continuation ends
@@ -348,69 +278,6 @@ class Executor:
         if run.ttft_at is not None:
             return await self._broken(run, emit, broke)
         return await self._fail(run, emit)
-
-    async def _stream_once(
-        self,
-        run: Run,
-        emit: Emit,
-        deployment: str,
-        tier: TierFaults,
-        body: Mapping[str, Any],
-        delivered: Delivered,
-    ) -> None:
-        job = run.job
-        started = run.attempt_at = time.time()
-        got = Streamed(body, external=self._external(deployment))
-        resumed = run.ttft_at is not None
-        server: str | None = None
-        try:
-            async with (
-                self._pool.lease(deployment, affinity=run.job.conversation) as backend,
-                contextlib.aclosing(
-                    self._open(backend, job, body, deployment, started, tier)
-                ) as it,
-            ):
-                server = backend.address if self._tracing.enabled else None
-                if got.external:
-                    await self._attempts.calling(run, deployment, started)
-                await self._relay.relay(run, emit, deployment, it, delivered, got)
-        except asyncio.CancelledError:
-            # What it delivered before the call was aborted.
-            why = self._why_cancelled(run, "stream")
-            usage, guess = got.billed("cancelled")
-            self._attempts.record(
-                run, deployment, "cancelled", started, usage, why,
-                server=server, resumed=resumed, estimated=guess,
-            )  # fmt: skip
-            raise
-        except BackendError as exc:
-            usage, guess = got.billed(exc.kind, unreadable=unreadable(exc))
-            tripped = await self._attempts.failed(
-                run, deployment, exc, started, usage,
-                server=server, resumed=resumed, estimated=guess,
-            )  # fmt: skip
-            if got.sent:
-                raise _MidStream(exc) from exc
-            if tripped:
-                raise _Tripped(exc) from exc
-            raise
-        usage, guess = got.billed("ok")
-        self._attempts.record(
-            run, deployment, "ok", started, usage, None,
-            server=server, resumed=resumed, estimated=guess,
-        )  # fmt: skip
-        await self._attempts.succeeded(deployment)
-
-    def _open(
-        self,
-        backend: Backend,
-        job: Job,
-        body: Mapping[str, Any],
-        deployment: str,
-        started: float,
-        tier: TierFaults,
-    ) -> Any:
-        return backend.stream(self._request(job, body, deployment, started, tier))
 
     def _may_continue(
         self, job: Job, delivered: Delivered, previous: str | None, deployment: str
@@ -465,16 +332,6 @@ class Executor:
             if deployment in skipped:
                 yield deployment, True
 
-    def _why_cancelled(self, run: Run, what: str) -> str:
-        """A call is cancelled because its client went away, or the worker is shutting down."""
-        if run.job.request_id in self._abandoned:
-            return f"cancelled during the {what}"
-        return f"handed back at shutdown during the {what}"
-
-    def _external(self, deployment: str) -> bool:
-        """Served by a hosted API, which bills us (``DeploymentSpec.external``)."""
-        return self._billing.external(deployment)
-
     def _tier_faults(self, deployment: str) -> TierFaults:
         spec = self._catalog.get(deployment)
         return self._faults.get(spec.tier, TierFaults()) if spec else TierFaults()
@@ -486,26 +343,6 @@ class Executor:
         if isinstance(exc, ContextLengthExceeded):
             return False
         return isinstance(exc, BackendRejected)
-
-    def _request(
-        self,
-        job: Job,
-        body: Mapping[str, Any],
-        deployment: str,
-        now: float,
-        tier: TierFaults,
-    ) -> ChatRequest:
-        out = dict(body)
-        if job.stream:
-            options = dict(out.get("stream_options") or {})
-            options["include_usage"] = True  # billing needs usage, whatever the client asked
-            out["stream_options"] = options
-        return ChatRequest(
-            model=deployment,
-            body=out,
-            request_id=job.request_id,
-            timeout_s=max(min(tier.attempt_s, job.deadline - now), 0.001),
-        )
 
     async def _fail(self, run: Run, emit: Emit) -> LedgerEntry:
         error = self._error_for(run)
