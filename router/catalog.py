@@ -79,7 +79,8 @@ class Signals:
     unavailable: frozenset[str] = frozenset()
     """Deployments to skip (circuit open, all replicas unhealthy)."""
     expected_wait_s: Mapping[Tier, float] = field(default_factory=dict)
-    """Expected queue wait of a new job per tier (s)."""
+    """Expected queue wait of a new job per tier (s): at the edge, of this request's job in its
+    lane, behind the higher lanes and its tenant's fair share of its own."""
     service_s: Mapping[Tier, float] = field(default_factory=dict)
     """Typical backend time of a job per tier (s): a worker does not start a job with less time
     left than this (deadline spill-over reads it)."""

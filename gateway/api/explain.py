@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request
 from gateway.api.admission import admit, read_body
 from gateway.api.deps import ServicesDep
 from gateway.api.error_docs import refusals
-from gateway.api.routing import live_signals, plan_request
+from gateway.api.routing import live_signals, plan_request, request_lane
 from gateway.api.timeout import request_timeout_ms
 from gateway.auth.access import ADMIN, RULES, TENANT, access
 from gateway.auth.principals import Principal
@@ -56,7 +56,7 @@ async def explain(
         stream=admitted.request.stream,
     )
     inputs = await rule_inputs(services.rules, name, admitted, time_left_s=timeout_ms / 1000)
-    signals = live_signals(services)
+    signals = live_signals(services, name, request_lane(services, name, admitted))
     plan = plan_request(services, name, admitted, inputs, signals=signals)
     body = plan.to_dict()
     body["skipped_rules"] = [{"rule": rid, "why": why} for rid, why in plan.skipped_rules]

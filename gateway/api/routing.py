@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from gateway.api.admission import Admitted
+from gateway.auth.directory import tenant_priority
 from gateway.errors import ContextTooLong, GatewayError, ModelNotFound, PermissionDenied
+from gateway.queue.lanes import lane_of
 from gateway.rules.edge import RuleInputs
 from gateway.services import Services
 from router.catalog import Signals
@@ -11,7 +13,7 @@ from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, Unkno
 from router.plan import RoutePlan
 from router.planner import decide
 
-__all__ = ["live_signals", "plan_request", "routing_error"]
+__all__ = ["live_signals", "plan_request", "request_lane", "routing_error"]
 
 
 def routing_error(exc: RoutingError) -> GatewayError:
@@ -24,17 +26,33 @@ def routing_error(exc: RoutingError) -> GatewayError:
     return GatewayError(exc.message)
 
 
-def live_signals(services: Services) -> Signals:
-    """The live state the planner reads: a cached snapshot, never a Redis call per request."""
+def request_lane(services: Services, tenant: str, admitted: Admitted) -> str:
+    """The lane the request's job waits in unless a rule sets its priority: its own
+    ``x-tiergate-priority``, else its tenant's default."""
+    meta = admitted.meta.priority
+    return lane_of(meta or tenant_priority(services.settings, services.policies, tenant))
+
+
+def live_signals(services: Services, tenant: str | None = None, lane: str | None = None) -> Signals:
+    """The live state the planner reads: a cached snapshot, never a Redis call per request.
+
+    With ``tenant`` and ``lane``, each tier's expected wait is when a new job of that tenant in
+    that lane would start there: behind the higher lanes and its fair share of its own, as
+    deadline admission reckons (``TierView.start_in``). A backlog of batch work, or of another
+    tenant's, then does not spill a request that would start at once. Without them: the whole
+    tier's queue."""
     snapshot = services.queue_snapshot
     watch = services.breaker_watch  # open circuit breakers (gateway.faults.watch)
     unavailable = watch.open_now if watch is not None else frozenset()
     if snapshot is None:
         return Signals(unavailable=unavailable)
+    waits = (
+        snapshot.expected_waits()
+        if tenant is None or lane is None
+        else snapshot.start_waits(lane, tenant, services.dispatcher.weight(tenant))
+    )
     return Signals(
-        unavailable=unavailable,
-        expected_wait_s=snapshot.expected_waits(),
-        service_s=snapshot.service_times(),
+        unavailable=unavailable, expected_wait_s=waits, service_s=snapshot.service_times()
     )
 
 
@@ -47,7 +65,10 @@ def plan_request(
     signals: Signals | None = None,
 ) -> RoutePlan:
     """``inputs``: the tenant's rules and the request's context (``gateway.rules.rule_inputs``);
-    ``signals``: the live state to decide on (default: ``live_signals`` now)."""
+    ``signals``: the live state to decide on (default: ``live_signals`` now, for the request's
+    tenant and lane)."""
+    if signals is None:
+        signals = live_signals(services, tenant, request_lane(services, tenant, admitted))
     try:
         return decide(
             requested_model=admitted.request.model,
@@ -55,7 +76,7 @@ def plan_request(
             max_tokens=admitted.max_tokens,
             policy=services.policies[tenant],
             catalog=services.catalog,
-            signals=live_signals(services) if signals is None else signals,
+            signals=signals,
             classifier=services.classifier,
             rules=None if inputs is None else inputs.rules,
             context=None if inputs is None else inputs.context,

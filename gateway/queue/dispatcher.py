@@ -167,7 +167,7 @@ class Dispatcher:
             except (RedisError, OSError) as exc:
                 raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
         tier = job.plan.tier.value
-        weight = self._weights.get(job.tenant, 1.0)
+        weight = self.weight(job.tenant)
         if self._deadline is not None:
             self._deadline.check(
                 tier=tier,
@@ -242,6 +242,10 @@ class Dispatcher:
         finally:
             self._replies.unregister(job.request_id)
             self._started_here.discard(job.request_id)
+
+    def weight(self, tenant: str) -> float:
+        """``tenant``'s fair share in its lane (default 1)."""
+        return self._weights.get(tenant, 1.0)
 
     async def abandon(self, job: Job) -> bool:
         """The client of ``job`` went away. ``True``: the job had not started and never will

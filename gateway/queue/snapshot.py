@@ -157,6 +157,14 @@ class QueueSnapshot:
         known = {t.value for t in Tier}
         return {Tier(t): v.expected_wait_s for t, v in self._views.items() if t in known}
 
+    def start_waits(self, lane: str, tenant: str, weight: float = 1.0) -> dict[Tier, float]:
+        """Per tier, when a new job of ``tenant`` in ``lane`` would start (``start_in``): the
+        wait that request would see, not the whole tier's queue."""
+        known = {t.value for t in Tier}
+        return {
+            Tier(t): v.start_in(lane, tenant, weight) for t, v in self._views.items() if t in known
+        }
+
     def service_times(self) -> dict[Tier, float]:
         """Each tier's typical job time (the workers' published average, else the default)."""
         known = {t.value for t in Tier}

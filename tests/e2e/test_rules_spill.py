@@ -1,12 +1,16 @@
 """Spill-over on a really long queue, end to end. `tiergate serve` with a large tier of one slot
-(the 70B simulator at fixed, slow latencies: about 6 s a job) is flooded with requests pinned to
-the large tier until the expected wait it publishes is far over the thresholds. Then:
+(the 70B simulator at fixed, slow latencies: about 6 s a job) is flooded with requests of acme
+and globex pinned to the large tier, until the wait a new request of theirs would see is far over
+the thresholds (the expected wait is the request's own: behind the higher lanes and its tenant's
+fair share of its lane). Then:
 
 (a) a tenant rule on `queue_wait_s` sends new requests to the external tier: explain shows the
     rule firing on the live wait, real requests (streamed and not) are served by the external
     simulator, and their ledger rows name the rule;
 (b) a tenant without such a rule spills by the built-in default (`spill:large_wait`, over 30 s),
     the same three ways;
+(b') a tenant with no work waiting (initech) would start after its fair share of the others'
+    jobs, well under the default target, and is not spilled;
 (c) once the flood has left the queue (its requests reach their deadline: the worker does not
     start a job it cannot finish, the edge answers 504), routing returns to the large tier.
 """
@@ -176,7 +180,7 @@ async def _flood_one(http: httpx.AsyncClient, i: int) -> tuple[str, int]:
             "max_tokens": JOB_TOKENS,
         },
         headers={
-            "authorization": f"Bearer {_key('initech')}",
+            "authorization": f"Bearer {_key(('acme', 'globex')[i % 2])}",
             "x-tiergate-timeout-ms": str(FLOOD_DEADLINE_MS),
         },
     )
@@ -229,8 +233,9 @@ async def test_long_large_queue_spills_by_rule_and_by_default_then_returns(stack
         flood = [asyncio.create_task(_flood_one(http, i)) for i in range(FLOOD)]
         cleanup.push_async_callback(_cancel, flood)  # if the test fails before they end
         flooded = time.monotonic()
-        # The published wait passes the default target once a first job has measured the
-        # service time (~6 s): about 9 jobs ahead x 6 s on one slot.
+        # The wait passes the default target once a first job has measured the service time
+        # (~6 s): of globex's, about 9 jobs ahead (its own 5, and acme's, which fair share
+        # alternates with them) x 6 s on one slot.
         spilled = await _explain_until(
             http, "globex", lambda p: p["rule"] == "spill:large_wait", limit_s=20
         )
@@ -253,6 +258,12 @@ async def test_long_large_queue_spills_by_rule_and_by_default_then_returns(stack
         ]:
             assert (headers["x-tiergate-rule"], headers["x-tiergate-tier"]) == (rule, "external")
             assert headers["x-tiergate-model"] == EXTERNAL
+
+        # (b') a tenant with nothing waiting starts after about one job of each of the others
+        # (fair share): under the default target, it is not spilled
+        fair = await _explain(http, "initech")
+        assert (fair["tier"], fair["rule"]) == ("large", "auto:threshold"), fair
+        assert 0 < _large_wait(fair) < DEFAULT_LARGE_WAIT_TARGET_S < _large_wait(spilled)
 
         # (c) the flood leaves the queue at its deadline; routing returns to the large tier
         back = await _explain_until(
