@@ -64,10 +64,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     await rig.close()
 
     def ms(values: list[float]) -> dict[str, float | None]:
-        return {
-            "p50": None if not values else round(pct(values, 0.5) * 1000, 3),  # type: ignore[operator]
-            "p99": None if not values else round(pct(values, 0.99) * 1000, 3),  # type: ignore[operator]
-        }
+        quantiles = {"p50": pct(values, 0.5), "p99": pct(values, 0.99)}
+        return {k: None if v is None else round(v * 1000, 3) for k, v in quantiles.items()}
 
     return {
         "bench": "queue_hop",

@@ -85,7 +85,7 @@ async def start_sim(capacity: int, *, time_scale: float, itl_s: float) -> Sim:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     sim.url = f"http://127.0.0.1:{port}"
     sim.runner = runner
     return sim
