@@ -33,26 +33,22 @@ def request_lane(services: Services, tenant: str, admitted: Admitted) -> str:
     return lane_of(meta or tenant_priority(services.settings, services.policies, tenant))
 
 
-def live_signals(services: Services, tenant: str | None = None, lane: str | None = None) -> Signals:
+def live_signals(services: Services, tenant: str, lane: str) -> Signals:
     """The live state the planner reads: a cached snapshot, never a Redis call per request.
 
-    With ``tenant`` and ``lane``, each tier's expected wait is when a new job of that tenant in
-    that lane would start there: behind the higher lanes and its fair share of its own, as
-    deadline admission reckons (``TierView.start_in``). A backlog of batch work, or of another
-    tenant's, then does not spill a request that would start at once. Without them: the whole
-    tier's queue."""
+    Each tier's expected wait is when a new job of ``tenant`` in ``lane`` would start there:
+    behind the higher lanes and its fair share of its own, as deadline admission reckons
+    (``TierView.start_in``), so a backlog of batch work, or of another tenant's, does not spill
+    a request that would start at once."""
     snapshot = services.queue_snapshot
     watch = services.breaker_watch  # open circuit breakers (gateway.faults.watch)
     unavailable = watch.open_now if watch is not None else frozenset()
     if snapshot is None:
         return Signals(unavailable=unavailable)
-    waits = (
-        snapshot.expected_waits()
-        if tenant is None or lane is None
-        else snapshot.start_waits(lane, tenant, services.dispatcher.weight(tenant))
-    )
     return Signals(
-        unavailable=unavailable, expected_wait_s=waits, service_s=snapshot.service_times()
+        unavailable=unavailable,
+        expected_wait_s=snapshot.start_waits(lane, tenant, services.dispatcher.weight(tenant)),
+        service_s=snapshot.service_times(),
     )
 
 

@@ -118,9 +118,9 @@ class Worker:
         self._active: set[Taken] = set()
         self._running: dict[str, asyncio.Task[None]] = {}
         """Request id -> the task running its executor (what a cancel stops)."""
-        self._starting: set[str] = set()
-        """Jobs started at once whose task has not run yet (a cancel marks them abandoned)."""
         self._early_cancels = EarlyCancels()
+        """Cancels that named no job running here: one started at once whose task has not run
+        yet, or one whose claim this worker won but has not registered (``cancels.py``)."""
         self._stopping = False
         self._tracing = tracing or Tracing.off()
         self._claims = WorkerClaims(
@@ -137,7 +137,9 @@ class Worker:
                 asyncio.create_task(self._reclaim(tier), name=f"tiergate-reclaim-{tier}")
             )
         self._tasks.append(asyncio.create_task(self._heartbeat(), name="tiergate-heartbeat"))
-        cancels = hear_cancels(self._blocking, self._keys.cancels, self.cancel, self._stopping_not)
+        cancels = hear_cancels(
+            self._blocking, self._keys.cancels, self.cancel, lambda: not self._stopping
+        )
         self._tasks.append(asyncio.create_task(cancels, name="tiergate-cancels"))
         self._tasks.append(asyncio.create_task(self._renew(), name="tiergate-renew-entries"))
 
@@ -176,7 +178,6 @@ class Worker:
         if started is None:
             return False
         reservation = self._pool.adopt(first, replicas[started.slot], lease_id)
-        self._starting.add(job.request_id)
         task = asyncio.create_task(
             self._handle(started.taken, reservation, None, job=job, deliver=deliver)
         )
@@ -188,20 +189,16 @@ class Worker:
         """Stop a job of this process whose client went away; ``False`` if none runs here.
         It ends with outcome ``client_disconnected``, booked with the tokens produced."""
         task = self._running.get(request_id)
-        if task is None and request_id in self._starting:
-            self._executor.abandon(request_id)  # it ends before its first call (``Executor``)
-            return True
         if task is None:
-            self._early_cancels.hear(request_id)  # it may be about to start here
+            # It may be about to run here (started at once, its task not run yet; or its claim
+            # won, not yet registered): it ends before its first call when it does.
+            self._early_cancels.hear(request_id)
             return False
         if task.done():
             return False
         self._executor.abandon(request_id)
         task.cancel()
         return True
-
-    def _stopping_not(self) -> bool:
-        return not self._stopping
 
     async def stop_taking(self) -> None:
         """Stop taking new jobs; the ones running go on."""
@@ -389,7 +386,6 @@ class Worker:
             task = asyncio.current_task()
             assert task is not None
             self._running[job.request_id] = task
-            self._starting.discard(job.request_id)
             if self._early_cancels.take(job.request_id):
                 self._executor.abandon(job.request_id)  # it ends before its first call
             try:
