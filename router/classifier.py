@@ -39,7 +39,7 @@ __all__ = [
     "threshold_for_share",
 ]
 
-MODEL_TEXT_VERSION = 2
+MODEL_TEXT_VERSION = 3
 META_PREFIX = "tgm"
 """Structural tokens start with this; the word vectorizer skips them, the meta one keeps them."""
 META_TOKEN_PATTERN = rf"\b{META_PREFIX}\w+\b"
@@ -118,6 +118,29 @@ def shape_tokens(features: PromptFeatures) -> list[str]:
     return tokens
 
 
+def _word_bucket(words: int) -> int:
+    """0 for fewer than 4 words, then one bucket per half doubling (4, 6, 8, 12, 16, 23, …)."""
+    if words < 4:
+        return 0
+    return min(16, int(2 * math.log2(words)) - 3)
+
+
+def size_tokens(features: PromptFeatures) -> list[str]:
+    """How much a question asks (version 3): numbers written with digits (0 … 12 or more),
+    words (half-doubling buckets) and sentences (0 … 10 or more) in the question stem.
+
+    A maths word problem's solution grows with the quantities and facts it gives; these
+    follow GSM8K's solution step counts about as well as prompt length and together much
+    better (docs/classifier.md).
+    """
+    p = META_PREFIX
+    return [
+        f"{p}nn{min(features.numbers, 12)}",
+        f"{p}wc{_word_bucket(features.stem_words)}",
+        f"{p}ss{min(features.sentences, 10)}",
+    ]
+
+
 def meta_tokens(features: PromptFeatures) -> str:
     """The structural features as words, e.g. ``tgmlen3 tgmcode tgmopts4 tgmlatin tgmup2 …``."""
     p = META_PREFIX
@@ -127,6 +150,7 @@ def meta_tokens(features: PromptFeatures) -> str:
     tokens.append(f"{p}opts{min(features.n_options, 10)}")
     tokens.append(f"{p}{features.script}")
     tokens.extend(shape_tokens(features))
+    tokens.extend(size_tokens(features))
     return " ".join(tokens)
 
 
