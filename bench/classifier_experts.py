@@ -1,6 +1,14 @@
 """Round 4 of the classifier experiments: the two experts against v2, on grouped CV of the
 training split only (docs/classifier.md). The validation split is never read.
 
+Round 4 ran twice. 4a's candidate had the size tokens in every prompt's text; it passed the
+rule below narrowly (MMLU-Pro APGR +0.019 over v2, chat AUC 0.919, GSM8K Spearman 0.512; that
+run's file is bench/results/classifier_experts.json at commit 5406cff), and its ablations
+showed the size tokens costing the multiple-choice expert 0.008 ± 0.005 of APGR while giving
+the open expert its GSM8K ranking. 4b's candidate, declared before 4b's run under the same
+rule, leaves the size tokens out of multiple-choice questions (``meta_tokens`` at model text
+version 3 as shipped); 4a's candidate is kept as ``experts_size_tokens_everywhere``.
+
 Protocol. Every scored row of the training split (MMLU-Pro, everyday instructions, arena-hard,
 GSM8K) is cut into 5 grouped folds (``group_key``, groups permuted by
 ``np.random.default_rng(shuffle)``, as ``bench/classifier_ideas.py`` does; unlike there, GSM8K
@@ -25,7 +33,8 @@ Routers:
 * ``prompt_length``: characters of the prompt.
 * ``v2``: the model shipped before, reimplemented here as it was: model text v2 (the v3 text
   without the size tokens ``tgmnn*``, ``tgmwc*``, ``tgmss*``; checked on every row to be the
-  v3 text minus exactly those three tokens), ``build_pipeline(PipelineConfig())``, one
+  v3 text minus exactly those three tokens, or the v3 text itself for a multiple-choice
+  question, whose v3 text has none), ``build_pipeline(PipelineConfig())``, one
   logistic regression (C = 1) on the v2 labels, which ``router/training/labels.py`` no longer
   holds and ``v2_target`` below restates: MMLU-Pro only-70B-right 1, both-right or only-8B-right
   0, both-wrong dropped, weight 0.5; everyday 0, weight 5; arena-hard 0.7 (creative writing
@@ -37,7 +46,9 @@ Routers:
   prompt to the open expert (all columns, C = 1; the ``open`` targets; score
   ``PROBABILITY(p)``). Which expert learns from a row goes by its source, which scores it by
   the gate.
-* Ablations, reported without a decision: ``experts_no_size_tokens`` (model text v2),
+* Ablations, reported without a decision: ``experts_size_tokens_everywhere`` (4a's
+  candidate: size tokens in multiple-choice texts too), ``experts_no_size_tokens`` (model
+  text v2),
   ``experts_mc_words`` (multiple-choice expert on all columns, C = 1), ``experts_gsm8k_w0.2``
   (GSM8K weight 0.2 in the open expert), ``experts_mc_c1`` (multiple-choice expert, tokens
   only, C = 1).
@@ -58,7 +69,6 @@ import re
 import subprocess
 import sys
 import time
-import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -66,15 +76,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-try:
-    import router.training  # noqa: F401
-except ImportError:
-    # At 9cb7000 router/training/__init__.py still imports BothWrong, which the new labels
-    # module dropped: load the package's modules without running it (drop once it is fixed).
-    _package = types.ModuleType("router.training")
-    _package.__path__ = [str(Path(__file__).resolve().parent.parent / "router" / "training")]
-    sys.modules["router.training"] = _package
 
 import numpy as np
 import scipy.sparse as sp
@@ -84,7 +85,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import GroupKFold
 
-from router.classifier import model_text
+from router.classifier import model_text, size_tokens
 from router.experts import GAIN, MULTIPLE_CHOICE, OPEN, PROBABILITY, expert_for
 from router.features import PromptFeatures
 from router.training.apgr import cost_quality_curve, router_metrics
@@ -120,14 +121,24 @@ def step_gain(steps: int) -> float:
     return min(0.7, max(0.0, 0.05 + 0.08 * (steps - 2)))
 
 
-def v2_text(v3: str) -> str:
-    """Model text v2: the v3 text without its three size tokens (checked: exactly three)."""
+def v2_text(v3: str, multiple_choice: bool) -> str:
+    """Model text v2: the v3 text without its size tokens (checked: exactly three, or none in
+    a multiple-choice question's text)."""
     head, _, rest = v3.partition("\n")
     tokens = head.split(" ")
     kept = [t for t in tokens if not SIZE_TOKEN.fullmatch(t)]
-    if len(kept) != len(tokens) - 3:
-        raise ValueError(f"not three size tokens in {head!r}")
+    if len(kept) != len(tokens) - (0 if multiple_choice else 3):
+        raise ValueError(f"unexpected size tokens in {head!r}")
     return " ".join(kept) + "\n" + rest
+
+
+def everywhere_text(features: PromptFeatures) -> str:
+    """Round 4a's model text: the size tokens in every prompt's text, options or not."""
+    text = model_text(features)
+    if not features.has_options:
+        return text
+    head, _, rest = text.partition("\n")
+    return " ".join([head, *size_tokens(features)]) + "\n" + rest
 
 
 def v2_target(row: Row) -> tuple[float, float] | None:
@@ -149,7 +160,7 @@ def v2_target(row: Row) -> tuple[float, float] | None:
 
 class Data:
     """The training split's scored rows (MMLU-Pro, everyday, arena-hard, GSM8K) and their
-    feature matrices for model texts v3 and v2 (vectorized once, sliced per fold)."""
+    feature matrices for model texts v3, v2 and 4a's (vectorized once, sliced per fold)."""
 
     def __init__(self) -> None:
         rows = load_rows(REPO / "data" / "routing")
@@ -175,9 +186,11 @@ class Data:
         features = [PromptFeatures.from_text(r.prompt) for r in self.rows]
         self.gated_mc = np.array([expert_for(f) == MULTIPLE_CHOICE for f in features])
         v3 = [model_text(f) for f in features]
+        v2 = [v2_text(t, bool(mc)) for t, mc in zip(v3, self.gated_mc, strict=True)]
+        everywhere = [everywhere_text(f) for f in features]
         union = build_pipeline(PipelineConfig()).named_steps["features"]
         self.matrices: dict[tuple[str, str], sp.csr_matrix] = {}
-        for text, texts in (("v3", v3), ("v2", [v2_text(t) for t in v3])):
+        for text, texts in (("v3", v3), ("v2", v2), ("everywhere", everywhere)):
             x = union.fit_transform(texts).tocsr()
             self.matrices[text, "all"] = x
             self.matrices[text, "meta"] = x[:, WORD_FEATURES:].tocsr()
@@ -431,6 +444,9 @@ def main() -> None:
         "prompt_length": length_router,
         "v2": v2_router,
         CANDIDATE: candidate,
+        "experts_size_tokens_everywhere": experts_router(
+            replace(MC_EXPERT, text="everywhere"), replace(OPEN_EXPERT, text="everywhere")
+        ),
         "experts_no_size_tokens": experts_router(
             replace(MC_EXPERT, text="v2"), replace(OPEN_EXPERT, text="v2")
         ),

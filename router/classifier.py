@@ -136,9 +136,11 @@ def size_tokens(features: PromptFeatures) -> list[str]:
     """How much a question asks (version 3): numbers written with digits (0 … 12 or more),
     words (half-doubling buckets) and sentences (0 … 10 or more) in the question stem.
 
-    A maths word problem's solution grows with the quantities and facts it gives; these
-    follow GSM8K's solution step counts about as well as prompt length and together much
-    better (docs/classifier.md).
+    A maths word problem's solution grows with the quantities and facts it gives: with these
+    the open expert follows GSM8K's solution step counts far better than prompt length does
+    (docs/classifier.md, round 4). ``meta_tokens`` leaves them out of a multiple-choice
+    question's text: there they cost the multiple-choice expert's ranking a little, and its
+    size is told by the shape tokens.
     """
     p = META_PREFIX
     return [
@@ -157,7 +159,8 @@ def meta_tokens(features: PromptFeatures) -> str:
     tokens.append(f"{p}opts{min(features.n_options, 10)}")
     tokens.append(f"{p}{features.script}")
     tokens.extend(shape_tokens(features))
-    tokens.extend(size_tokens(features))
+    if not features.has_options:
+        tokens.extend(size_tokens(features))
     return " ".join(tokens)
 
 

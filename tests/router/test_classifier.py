@@ -31,7 +31,7 @@ def test_meta_tokens_describe_the_structure() -> None:
     features = PromptFeatures.from_text("Which?\nA. x = 1 + 2\nB. def f(): return 1;")
     assert meta_tokens(features) == (
         "tgmlen1 tgmcode tgmmath tgmopts2 tgmlatin "
-        "tgmup7 tgmomin2 tgmospr4 tgmonum2 tgmqty0 tgmfx0 tgmqm1 tgmnn0 tgmwc0 tgmss1"
+        "tgmup7 tgmomin2 tgmospr4 tgmonum2 tgmqty0 tgmfx0 tgmqm1"
     )
     plain = meta_tokens(PromptFeatures.from_text("tell me a story about a dragon please"))
     assert plain.endswith("tgmup0 tgmnoopts tgmqty0 tgmfx0 tgmqm0 tgmnn0 tgmwc3 tgmss0")
@@ -47,6 +47,9 @@ def test_size_tokens_count_numbers_words_and_sentences() -> None:
     assert tokens[-3:] == ["tgmnn3", "tgmwc5", "tgmss4"]
     many = " ".join(f"{n}." for n in range(40))
     assert meta_tokens(PromptFeatures.from_text(many)).split()[-3:][0] == "tgmnn12"
+    # a multiple-choice question's text has none: its expert reads the shape tokens
+    question = PromptFeatures.from_text(problem + "\nA. 8,800\nB. 9,000\nC. 12")
+    assert not any(t.startswith(("tgmnn", "tgmwc", "tgmss")) for t in meta_tokens(question).split())
 
 
 @pytest.mark.parametrize(
