@@ -3,7 +3,10 @@
 
 Reproducible: the split is a keyed hash of each row's group, the solver is deterministic, and
 nothing depends on row order or the clock, so the same data and seed give the same model and
-the same metrics (the card's ``seconds`` aside).
+the same metrics (the card's ``seconds`` aside). The fits run on one thread: scikit-learn sums
+the logistic loss over OpenMP threads, and another thread count sums in another order, which
+moved the open expert's scores by up to 0.01 (lbfgs stops at its tolerance, not at the exact
+optimum) and the card's metrics in their third decimal. One thread is also the faster here.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 import sklearn
 import skops
+from threadpoolctl import threadpool_limits
 
 from router.classifier import MODEL_TEXT_VERSION, model_text
 from router.experts import GAIN, MULTIPLE_CHOICE, OPEN, PROBABILITY
@@ -120,6 +124,16 @@ def _examples(labelled: Sequence[Target]) -> tuple[list[int], list[int], list[fl
     return index, classes, weights
 
 
+def _fit_experts(
+    config: TrainConfig, labelled: dict[str, list[Target]]
+) -> dict[str, SklearnExpert]:
+    mc = _fit_expert(config.multiple_choice_pipeline, labelled[MULTIPLE_CHOICE])
+    return {
+        MULTIPLE_CHOICE: SklearnExpert(mc, GAIN),
+        OPEN: SklearnExpert(_fit_expert(config.open_pipeline, labelled[OPEN]), PROBABILITY),
+    }
+
+
 def _fit_expert(config: PipelineConfig, labelled: Sequence[Target]) -> Any:
     """A pipeline built from ``config`` and fitted to ``labelled``."""
     pipeline = build_pipeline(config)
@@ -201,13 +215,10 @@ def train(
     train_rows, validation = split_rows(rows, seed=seed, fraction=config.validation_fraction)
     labelled = expert_targets(train_rows, config.labels)
     step("fit")
-    experts = {
-        MULTIPLE_CHOICE: SklearnExpert(
-            _fit_expert(config.multiple_choice_pipeline, labelled[MULTIPLE_CHOICE]), GAIN
-        ),
-        OPEN: SklearnExpert(_fit_expert(config.open_pipeline, labelled[OPEN]), PROBABILITY),
-    }
+    with threadpool_limits(limits=1):
+        experts = _fit_experts(config, labelled)
     classifier = SklearnClassifier(experts)
+
     step("evaluate")
     evaluation = evaluate_rows(
         classifier,

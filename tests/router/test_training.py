@@ -6,12 +6,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from router.experts import MULTIPLE_CHOICE, OPEN
+from router.features import PromptFeatures
 from router.model_file import load_classifier
 from router.training import TrainConfig, evaluate, load_rows, train
 from router.training.data import Row, group_key, is_validation, question_stem
 from router.training.evaluate import choose_threshold, split_rows
-from router.experts import MULTIPLE_CHOICE, OPEN
-from router.features import PromptFeatures
 from router.training.labels import LabelScheme, expert_targets, needs_large, targets
 from tests.router.conftest import DATA_DIR
 
@@ -123,3 +123,28 @@ def test_evaluate_reproduces_the_shipped_card() -> None:
     )
     report = evaluate(classifier, DATA_DIR)
     assert report.to_dict() == card["metrics"]
+
+
+@pytest.mark.slow
+def test_tiergate_train_reproduces_the_shipped_model(tmp_path: Path) -> None:
+    """What a reviewer does from a clean clone: `tiergate train` gives the shipped card's
+    validation metrics and a model that scores as the shipped one does."""
+    from typer.testing import CliRunner
+
+    from gateway.cli.main import app
+
+    out = tmp_path / "complexity.skops"
+    result = CliRunner().invoke(app, ["train", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "MMLU-Pro APGR" in result.output
+    assert "GSM8K Spearman" in result.output
+    shipped_card = json.loads(
+        (Path(__file__).resolve().parents[2] / "router/models/complexity.json").read_text()
+    )
+    card = json.loads(out.with_suffix(".json").read_text("utf-8"))
+    assert card["metrics"] == shipped_card["metrics"]
+    assert card["config"] == shipped_card["config"]
+    features = [PromptFeatures.from_text(r.prompt) for r in load_rows(DATA_DIR)[::97]]
+    assert load_classifier(out).score_features(features) == pytest.approx(
+        load_classifier().score_features(features), abs=1e-12
+    )
