@@ -55,7 +55,7 @@ META_TOKEN_PATTERN = rf"\b{META_PREFIX}\w+\b"
 
 @runtime_checkable
 class Classifier(Protocol):
-    """Scores a prompt: P(the large model is needed), in [0, 1]."""
+    """Scores a prompt in [0, 1]: higher when the large model is more likely to be needed."""
 
     def score(self, features: PromptFeatures) -> float: ...
 
