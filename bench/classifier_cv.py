@@ -1,5 +1,10 @@
 """Cross-validated evidence behind the complexity classifier (docs/classifier.md), train split only.
 
+**A record of round 2, run at commit caaa798 (model text version 2, one model, the v2 labels).**
+Later code changed what it imports: model text version 3, the experts' labels in
+``router/training/labels.py``. Rerun at a later commit it trains on those and its figures
+differ from ``bench/results/classifier_cv.json``; check out caaa798 to reproduce them.
+
 Everything here uses the **training split** of ``data/routing`` (seed 0, the split
 ``tiergate train`` uses); the validation split is never read. MMLU-Pro training rows are cut into
 5 folds grouped by question (``group_key``, as the train/validation split is), twice with

@@ -1,5 +1,10 @@
 """Round 3 of classifier ideas, on grouped CV of the training split only (docs/classifier.md).
 
+**A record of round 3, run at commit 39d41f7 (model text version 2, one model, the v2 labels).**
+Later code changed what it imports: model text version 3, the experts' labels in
+``router/training/labels.py``. Rerun at a later commit it trains on those and its figures
+differ from ``bench/results/classifier_ideas.json``; check out 39d41f7 to reproduce them.
+
 Same protocol as ``bench/classifier_cv.py`` with one addition: the everyday and arena-hard
 training rows are cut into the same grouped folds as the MMLU-Pro rows, so every idea also gets
 an out-of-fold everyday-vs-arena-hard ROC AUC (the chat separation the shipped model must keep).

@@ -225,7 +225,8 @@ async def open_services(
             url = embedded.start()
             stack.callback(embedded.stop)
             log.info("started embedded redis-server at %s", url)
-        redis = redis_client(url, socket_timeout=settings.redis.command_timeout_s)
+        bound = settings.redis.command_timeout_s
+        redis = redis_client(url, socket_timeout=bound, connect_timeout=bound / 2)
         stack.push_async_callback(redis.aclose)
         blocking = redis_client(url, socket_timeout=5.0)
         stack.push_async_callback(blocking.aclose)

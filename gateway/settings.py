@@ -72,8 +72,9 @@ class RedisSettings(_Strict):
     """Every key tiergate writes starts with ``{prefix}:`` (tests isolate themselves this way)."""
     command_timeout_s: float = Field(default=1.0, gt=0, le=30)
     """How long a request-path Redis command may take, from send to reply, before the request
-    gets a 503: a lost Redis fails fast instead of hanging every request. The wait for the
-    reply includes the event loop's turn, so a gateway run far past its CPU may see it."""
+    gets a 503: a lost Redis fails fast instead of hanging every request. Opening a new
+    connection may take half of it (0.5 s by default). The waits include the event loop's
+    turn, so a gateway run far past its CPU may see them."""
 
 
 class DatabaseSettings(_Strict):

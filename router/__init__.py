@@ -7,7 +7,7 @@ loaded or written.
 """
 
 from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
-from router.classifier import Classifier, HashedLinearClassifier, SklearnClassifier, model_text
+from router.classifier import Classifier, HashedLinearClassifier, model_text
 from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, UnknownModel
 from router.features import PromptFeatures, estimate_tokens, extract_text, message_text
 from router.loader import load_serving_classifier
@@ -22,6 +22,7 @@ from router.model_file import (
 from router.plan import RoutePlan
 from router.planner import AUTO, FALLBACK_ORDER, decide
 from router.serving_export import ServingExportError, serving_export_path
+from router.sklearn_classifier import SklearnClassifier
 
 __all__ = [
     "AUTO",

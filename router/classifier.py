@@ -1,12 +1,17 @@
-"""Complexity classifiers: one score in [0, 1], the probability that the large model is needed.
+"""Complexity classifiers: one score in [0, 1], higher when the large model is more needed.
 
-``SklearnClassifier`` wraps a scikit-learn ``Pipeline`` that takes *model text*: the last user
-message (clipped) behind a line of structural tokens (length bucket, code, maths, options,
-script; since version 2 also the question's shape, ``shape_tokens``). Putting the structural
-features into the text keeps the pipeline made of stock scikit-learn parts only, so the model
-file needs no custom code to load. ``model_text`` is the one place that text is built, for
-training and for scoring alike; changing it changes what a model file means, so bump
+A model is two experts (``router.experts``: multiple-choice questions, everything else), each a
+scikit-learn ``Pipeline`` that takes *model text*: the last user message (clipped) behind a
+line of structural tokens (length bucket, code, maths, options, script; since version 2 the
+question's shape, ``shape_tokens``; since version 3 its size, ``size_tokens``). Putting the
+structural features into the text keeps the pipelines made of stock scikit-learn parts only, so
+the model file needs no custom code to load. ``model_text`` is the one place that text is
+built, for training and for scoring alike; changing it changes what a model file means, so bump
 ``MODEL_TEXT_VERSION`` when you do.
+
+``HashedLinearClassifier`` (here) serves the experts from the serving export without
+scikit-learn; ``router.sklearn_classifier.SklearnClassifier`` wraps the fitted pipelines for
+training, evaluation and the start-up fallback.
 
 Calibration: scores are a ranking, not probabilities. A model file records its **share curve**
 (``share_thresholds``): for each target share of traffic to the large tier, 0 %, 1 %, …, 100 %,
@@ -20,11 +25,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from router.experts import EXPERTS, Output, expert_for
 from router.features import PromptFeatures, clip
-from router.scorer import HashedBranch, HashedLinearScorer, HashingSpec
+from router.scorer import HashedLinearScorer
 
 __all__ = [
     "META_PREFIX",
@@ -32,14 +39,14 @@ __all__ = [
     "MODEL_TEXT_VERSION",
     "CalibratedClassifier",
     "Classifier",
+    "HashedExpert",
     "HashedLinearClassifier",
-    "SklearnClassifier",
+    "ModelMetadata",
     "model_text",
-    "pipeline_scorer",
     "threshold_for_share",
 ]
 
-MODEL_TEXT_VERSION = 2
+MODEL_TEXT_VERSION = 3
 META_PREFIX = "tgm"
 """Structural tokens start with this; the word vectorizer skips them, the meta one keeps them."""
 META_TOKEN_PATTERN = rf"\b{META_PREFIX}\w+\b"
@@ -48,7 +55,7 @@ META_TOKEN_PATTERN = rf"\b{META_PREFIX}\w+\b"
 
 @runtime_checkable
 class Classifier(Protocol):
-    """Scores a prompt: P(the large model is needed), in [0, 1]."""
+    """Scores a prompt in [0, 1]: higher when the large model is more likely to be needed."""
 
     def score(self, features: PromptFeatures) -> float: ...
 
@@ -118,6 +125,31 @@ def shape_tokens(features: PromptFeatures) -> list[str]:
     return tokens
 
 
+def _word_bucket(words: int) -> int:
+    """0 for fewer than 4 words, then one bucket per half doubling (4, 6, 8, 12, 16, 23, …)."""
+    if words < 4:
+        return 0
+    return min(16, int(2 * math.log2(words)) - 3)
+
+
+def size_tokens(features: PromptFeatures) -> list[str]:
+    """How much a question asks (version 3): numbers written with digits (0 … 12 or more),
+    words (half-doubling buckets) and sentences (0 … 10 or more) in the question stem.
+
+    A maths word problem's solution grows with the quantities and facts it gives: with these
+    the open expert follows GSM8K's solution step counts far better than prompt length does
+    (docs/classifier.md, round 4). ``meta_tokens`` leaves them out of a multiple-choice
+    question's text: there they cost the multiple-choice expert's ranking a little, and its
+    size is told by the shape tokens.
+    """
+    p = META_PREFIX
+    return [
+        f"{p}nn{min(features.numbers, 12)}",
+        f"{p}wc{_word_bucket(features.stem_words)}",
+        f"{p}ss{min(features.sentences, 10)}",
+    ]
+
+
 def meta_tokens(features: PromptFeatures) -> str:
     """The structural features as words, e.g. ``tgmlen3 tgmcode tgmopts4 tgmlatin tgmup2 …``."""
     p = META_PREFIX
@@ -127,6 +159,8 @@ def meta_tokens(features: PromptFeatures) -> str:
     tokens.append(f"{p}opts{min(features.n_options, 10)}")
     tokens.append(f"{p}{features.script}")
     tokens.extend(shape_tokens(features))
+    if not features.has_options:
+        tokens.extend(size_tokens(features))
     return " ".join(tokens)
 
 
@@ -138,78 +172,7 @@ def model_text(features: PromptFeatures) -> str:
     return f"{meta_tokens(features)}\n{clip(features.last_user_text)}"
 
 
-_PROBES = (
-    "",
-    "tgmlen0 tgmnocode tgmnomath tgmopts0 tgmlatin\nWhat is the capital of France?",
-    "tgmlen3 tgmcode tgmmath tgmopts4 tgmcjk\n证明 x^2 ≥ 0; def f(a, b): return a == b\nA. 1\nB. 2",
-)
-"""Texts on which the fast scorer must agree with the pipeline before it is used."""
-
-
-def _hashing_spec(vectorizer: Any) -> HashingSpec | None:
-    """The settings of a word ``HashingVectorizer`` the hashed scorer reproduces exactly, or
-    ``None`` for anything else (other analyzers, custom callables, accent stripping…)."""
-    if type(vectorizer).__name__ != "HashingVectorizer":
-        return None
-    plain = (
-        vectorizer.analyzer == "word"
-        and vectorizer.input == "content"
-        and vectorizer.preprocessor is None
-        and vectorizer.tokenizer is None
-        and vectorizer.strip_accents is None
-        and isinstance(vectorizer.token_pattern, str)
-        and vectorizer.norm in (None, "l2")
-        and getattr(vectorizer.dtype, "__name__", None) == "float64"
-    )
-    if not plain:
-        return None
-    low, high = vectorizer.ngram_range
-    stop_words = vectorizer.get_stop_words()
-    return HashingSpec(
-        token_pattern=vectorizer.token_pattern,
-        lowercase=bool(vectorizer.lowercase),
-        ngram_range=(int(low), int(high)),
-        n_features=int(vectorizer.n_features),
-        binary=bool(vectorizer.binary),
-        norm=vectorizer.norm,
-        alternate_sign=bool(vectorizer.alternate_sign),
-        stop_words=None if stop_words is None else frozenset(stop_words),
-        head_prefix=META_PREFIX if vectorizer.token_pattern == META_TOKEN_PATTERN else None,
-    )
-
-
-def pipeline_scorer(pipeline: Any) -> HashedLinearScorer | None:
-    """The hashed scorer equivalent to a fitted pipeline, or ``None`` if it has another shape.
-
-    Supported: ``Pipeline([(_, FeatureUnion([(name, HashingVectorizer(analyzer="word")), …])),
-    (_, <binary linear model>)])`` with plain vectorizers (``_hashing_spec``); transformer
-    weights are folded into the weights. Reads the fitted objects' attributes only, so it
-    imports nothing from scikit-learn. Callers check it against the pipeline on probe texts.
-    """
-    try:
-        (_, union), (_, model) = pipeline.steps
-        if len(model.coef_) != 1 or list(model.classes_) != [0, 1]:
-            return None
-        coef = [float(w) for w in model.coef_[0].tolist()]
-        scale = union.transformer_weights or {}
-        branches: list[HashedBranch] = []
-        offset = 0
-        for name, vectorizer in union.transformer_list:
-            spec = _hashing_spec(vectorizer)
-            if spec is None:
-                return None
-            factor = float(scale.get(name, 1.0))
-            weights = coef[offset : offset + spec.n_features]
-            branches.append(HashedBranch(spec, [w * factor for w in weights]))
-            offset += spec.n_features
-        if offset != len(coef):
-            return None
-        return HashedLinearScorer(branches, float(model.intercept_[0]))
-    except (AttributeError, TypeError, ValueError, IndexError):
-        return None
-
-
-class _ModelMetadata:
+class ModelMetadata:
     """What a model file records beside the model: the default threshold and the share curve."""
 
     __slots__ = ("_share_curve", "metadata")
@@ -236,71 +199,30 @@ class _ModelMetadata:
         return threshold_for_share(self._share_curve, share)
 
 
-class HashedLinearClassifier(_ModelMetadata):
-    """The serving classifier: the pure hashed scorer (``router.scorer``) and the model's
-    metadata, as read from the serving export (``router.serving_export``). Needs neither
-    scikit-learn nor numpy."""
+@dataclass(frozen=True, slots=True)
+class HashedExpert:
+    """One expert as served: its hashed scorer (text → fitted probability) and output map."""
 
-    __slots__ = ("scorer",)
+    scorer: HashedLinearScorer
+    output: Output
+
+
+class HashedLinearClassifier(ModelMetadata):
+    """The serving classifier: per expert the pure hashed scorer (``router.scorer``) and its
+    output map, and the model's metadata, as read from the serving export
+    (``router.serving_export``). Needs neither scikit-learn nor numpy."""
+
+    __slots__ = ("experts",)
 
     def __init__(
-        self, scorer: HashedLinearScorer, *, metadata: dict[str, Any] | None = None
+        self, experts: Mapping[str, HashedExpert], *, metadata: dict[str, Any] | None = None
     ) -> None:
+        missing = set(EXPERTS) - set(experts)
+        if missing:
+            raise ValueError(f"no expert {', '.join(sorted(missing))}")
         super().__init__(metadata)
-        self.scorer = scorer
+        self.experts = dict(experts)
 
     def score(self, features: PromptFeatures) -> float:
-        return self.scorer(model_text(features))
-
-
-class SklearnClassifier(_ModelMetadata):
-    """A fitted scikit-learn pipeline (text in, ``predict_proba`` out) as a ``Classifier``.
-
-    Scoring uses the hashed scorer equivalent to the pipeline (``pipeline_scorer``, checked on
-    probe texts at construction); ``fast`` says whether it is in use, else the pipeline itself
-    is called. Training, evaluation and the start-up fallback use it; serving normally uses
-    ``HashedLinearClassifier`` from the serving export instead.
-    """
-
-    __slots__ = ("_fast", "_positive_index", "pipeline")
-
-    def __init__(self, pipeline: Any, *, metadata: dict[str, Any] | None = None) -> None:
-        classes = list(getattr(pipeline, "classes_", [0, 1]))
-        if 1 not in classes:
-            raise ValueError(f"pipeline has no positive class 1 (classes: {classes})")
-        super().__init__(metadata)
-        self.pipeline = pipeline
-        self._positive_index = classes.index(1)
-        self._fast = self._verified_fast_path()
-
-    def _verified_fast_path(self) -> HashedLinearScorer | None:
-        fast = pipeline_scorer(self.pipeline)
-        if fast is None or not hasattr(self.pipeline, "classes_"):
-            return None
-        reference = self._pipeline_scores(list(_PROBES))
-        if all(abs(fast(t) - r) < 1e-9 for t, r in zip(_PROBES, reference, strict=True)):
-            return fast
-        return None
-
-    @property
-    def fast(self) -> bool:
-        return self._fast is not None
-
-    @property
-    def scorer(self) -> HashedLinearScorer | None:
-        """The verified hashed scorer (what the serving export is written from), if any."""
-        return self._fast
-
-    def score(self, features: PromptFeatures) -> float:
-        text = model_text(features)
-        if self._fast is not None:
-            return self._fast(text)
-        return self._pipeline_scores([text])[0]
-
-    def score_texts(self, texts: list[str]) -> list[float]:
-        """Scores for ready-made model texts, in one pipeline call (training, evaluation)."""
-        return self._pipeline_scores(texts)
-
-    def _pipeline_scores(self, texts: list[str]) -> list[float]:
-        proba = self.pipeline.predict_proba(texts)
-        return [float(row[self._positive_index]) for row in proba]
+        expert = self.experts[expert_for(features)]
+        return expert.output(expert.scorer(model_text(features)))

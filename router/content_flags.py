@@ -17,8 +17,10 @@ __all__ = [
     "find_options",
     "has_code",
     "has_math",
+    "numbers",
     "quantities",
     "script",
+    "sentences",
     "upper_share",
 ]
 
@@ -135,6 +137,8 @@ _UNITS = frozenset(
     }
 )
 """Unit symbols that make a number a quantity (``_QUANTITY``), case-sensitive."""
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_SENTENCE_END = re.compile(r"[.?!](?:\s|$)")
 _QUANTITY = re.compile(r"(\d)[ \t]?(°[CF]?|[%$Ωµμ]|[A-Za-z]{1,4}\b)")
 FORMULA_CHARS = "=^\u00d7\u00f7\u221a\u222b\u2211\u03c0"  # = ^ times divide root integral sum pi
 _ASCII_NON_UPPER = bytes(b for b in range(128) if not chr(b).isupper())
@@ -207,6 +211,16 @@ def quantities(text: str) -> int:
     if not any(char.isdigit() for char in text):
         return 0
     return sum(1 for match in _QUANTITY.finditer(text) if match.group(2) in _UNITS)
+
+
+def numbers(text: str) -> int:
+    """Numbers written with digits (``12``, ``3.5``, ``1,200``: one each)."""
+    return len(_NUMBER.findall(text))
+
+
+def sentences(text: str) -> int:
+    """Sentence ends: ``.``, ``?`` or ``!`` before white space or the end of the text."""
+    return len(_SENTENCE_END.findall(text))
 
 
 def upper_share(text: str) -> float:

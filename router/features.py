@@ -34,8 +34,10 @@ from router.content_flags import (
     find_options,
     has_code,
     has_math,
+    numbers,
     quantities,
     script,
+    sentences,
     upper_share,
 )
 
@@ -246,6 +248,12 @@ class PromptFeatures:
     root, integral, sum and pi signs."""
     question_marks: int = 0
     """``?`` in the question stem."""
+    numbers: int = 0
+    """Numbers written with digits in the question stem (``12``, ``3.5``, ``1,200``)."""
+    stem_words: int = 0
+    """White-space separated words in the question stem."""
+    sentences: int = 0
+    """Sentence ends (``.``, ``?``, ``!`` before white space or the end) in the question stem."""
 
     @property
     def has_options(self) -> bool:
@@ -292,6 +300,9 @@ class PromptFeatures:
             quantities=quantities(stem),
             formula_chars=sum(stem.count(char) for char in FORMULA_CHARS),
             question_marks=stem.count("?"),
+            numbers=numbers(stem),
+            stem_words=len(stem.split()),
+            sentences=sentences(stem),
         )
 
     @classmethod

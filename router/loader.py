@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from router.classifier import HashedLinearClassifier, SklearnClassifier
+from router.classifier import HashedLinearClassifier
 from router.model_file import DEFAULT_MODEL_PATH, load_classifier
 from router.serving_export import ServingExportError, read_serving_export, serving_export_path
+from router.sklearn_classifier import SklearnClassifier
 
 __all__ = ["load_serving_classifier"]
 

@@ -7,8 +7,12 @@ training and evaluation code, and the start-up fallback when there is no usable 
 
 A model file is a skops archive of one dict::
 
-    {"format": "tiergate.complexity", "format_version": 1, "model_text_version": 1,
-     "sklearn_version": "1.9.1", "threshold": 0.42, ..., "pipeline": <Pipeline>}
+    {"format": "tiergate.complexity", "format_version": 2, "model_text_version": 3,
+     "sklearn_version": "1.9.1", "threshold": 0.42, ...,
+     "experts": {"multiple_choice": {"pipeline": <Pipeline>, "scale": 2.0, "offset": -1.0},
+                 "open": {"pipeline": <Pipeline>, "scale": 1.0, "offset": 0.0}}}
+
+(format 1, before the experts, held one ``"pipeline"``; it is refused: retrain.)
 
 It is loaded with an explicit list of trusted types (``TRUSTED_TYPES``): a file that holds any
 other type is refused before anything in it is constructed. The scikit-learn version recorded
@@ -26,7 +30,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from router.classifier import MODEL_TEXT_VERSION, SklearnClassifier
+from router.classifier import MODEL_TEXT_VERSION
+from router.experts import EXPERTS, Output
+from router.sklearn_classifier import SklearnClassifier, SklearnExpert
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
@@ -41,12 +47,13 @@ __all__ = [
 ]
 
 FORMAT = "tiergate.complexity"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "models" / "complexity.skops"
 """The model shipped in the package (``router/models/``; declared as package data)."""
 
 TRUSTED_TYPES = (
     "builtins.dict",
+    "builtins.float",
     "builtins.list",
     "builtins.str",
     "builtins.tuple",
@@ -57,7 +64,7 @@ TRUSTED_TYPES = (
     "sklearn.pipeline.FeatureUnion",
     "sklearn.pipeline.Pipeline",
 )
-"""Every type the pipeline of ``router.training.pipeline`` is made of."""
+"""Every type the experts' pipelines (``router.training.pipeline``) and the file are made of."""
 
 
 class ModelFileError(Exception):
@@ -78,7 +85,7 @@ def _major_minor(version: str) -> tuple[str, ...]:
 
 
 def save_classifier(classifier: SklearnClassifier, path: Path) -> None:
-    """Write ``classifier`` (pipeline and metadata) to ``path``, recording library versions."""
+    """Write ``classifier`` (experts and metadata) to ``path``, recording library versions."""
     import sklearn
     import skops.io
 
@@ -88,7 +95,14 @@ def save_classifier(classifier: SklearnClassifier, path: Path) -> None:
         "format_version": FORMAT_VERSION,
         "model_text_version": MODEL_TEXT_VERSION,
         "sklearn_version": sklearn.__version__,
-        "pipeline": classifier.pipeline,
+        "experts": {
+            name: {
+                "pipeline": expert.pipeline,
+                "scale": expert.output.scale,
+                "offset": expert.output.offset,
+            }
+            for name, expert in classifier.experts.items()
+        },
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     skops.io.dump(data, path, compression=zipfile.ZIP_DEFLATED, compresslevel=9)
@@ -145,8 +159,18 @@ def load_classifier(path: Path | None = None) -> SklearnClassifier:
     path = DEFAULT_MODEL_PATH if path is None else path
     data = _read(path)
     _check(path, data)
-    metadata = {key: value for key, value in data.items() if key != "pipeline"}
+    metadata = {key: value for key, value in data.items() if key != "experts"}
     try:
-        return SklearnClassifier(data["pipeline"], metadata=metadata)
-    except (KeyError, ValueError) as exc:
-        raise ModelFileError(f"{path}: malformed model file: {exc}") from exc
+        experts = {
+            name: SklearnExpert(
+                data["experts"][name]["pipeline"],
+                Output(
+                    scale=float(data["experts"][name]["scale"]),
+                    offset=float(data["experts"][name]["offset"]),
+                ),
+            )
+            for name in EXPERTS
+        }
+        return SklearnClassifier(experts, metadata=metadata)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ModelFileError(f"{path}: malformed model file: {exc!r}") from exc

@@ -6,26 +6,31 @@ checked on load). Training writes ``complexity.serving.json`` beside it, and
 reads the export with the standard library alone, so it never imports scikit-learn, SciPy,
 skops or numpy. The file holds::
 
-    {"format": "tiergate.complexity.serving", "format_version": 1, "model_text_version": 2,
+    {"format": "tiergate.complexity.serving", "format_version": 2, "model_text_version": 3,
      "source": {"file": "complexity.skops", "sha256": "…", "sklearn_version": "1.9.1"},
      "metadata": {"threshold": 0.319, "share_thresholds": […], …},   # as the skops file has it
-     "scorer": {"intercept": 0.19…, "branches": [
-         {"analyzer": "word", "token_pattern": "…", "lowercase": true, "ngram_range": [1, 2],
-          "n_features": 65536, "binary": false, "norm": "l2", "alternate_sign": false,
-          "stop_words": null, "meta_only": false,
-          "weights": {"dtype": "<f8", "sha256": "…", "base64": "…"}}, …]},
-     "probes": [{"text": "<model text>", "score": 0.27…}, …]}
+     "experts": {
+         "open": {"scale": 1.0, "offset": 0.0, "intercept": 0.19…, "branches": [
+             {"analyzer": "word", "token_pattern": "…", "lowercase": true, "ngram_range": [1, 2],
+              "n_features": 65536, "binary": false, "norm": "l2", "alternate_sign": false,
+              "stop_words": null, "meta_only": false,
+              "weights": {"dtype": "<f8", "sha256": "…", "base64": "…"}}, …]},
+         "multiple_choice": {"scale": 2.0, "offset": -1.0, …}},
+     "probes": [{"expert": "open", "text": "<model text>", "probability": 0.27…,
+                 "score": 0.27…}, …]}
 
-Weights are the linear model's coefficients for the branch (transformer weight folded in) as
-little-endian float64, so they are exactly the fitted values; JSON numbers are written with
-Python's shortest round-tripping repr, so intercept and scores are exact too. ``probes`` are
-model texts with the pipeline's ``predict_proba`` on them, computed by scikit-learn when the
-export was written.
+Per expert (``router.experts``): its output map and its scorer. Weights are the linear model's
+coefficients for the branch (transformer weight folded in) as little-endian float64, so they
+are exactly the fitted values; JSON numbers are written with Python's shortest round-tripping
+repr, so intercepts and scores are exact too. ``probes`` are model texts with an expert's
+pipeline's ``predict_proba`` on them and the score the skops file's output map makes of it,
+computed by scikit-learn when the export was written; every expert has its own.
 
 ``read_serving_export`` refuses the file (``ServingExportError``) unless: format and
 model-text version are this tiergate's; the skops file beside it has the recorded SHA-256 (an
-export never outlives a retrain); each branch's weights have the recorded length and SHA-256;
-and the scorer built from it reproduces every probe score within 1e-9.
+export never outlives a retrain); every expert is there; each branch's weights have the
+recorded length and SHA-256; and each expert's scorer and output map reproduce every one of its
+probes' probability and score within 1e-9.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ from router.classifier import (
     META_PREFIX,
     META_TOKEN_PATTERN,
     MODEL_TEXT_VERSION,
+    HashedExpert,
     HashedLinearClassifier,
 )
+from router.experts import EXPERTS, Output
 from router.model_file import ModelFileError
 from router.scorer import HashedBranch, HashedLinearScorer, HashingSpec
 
@@ -62,7 +69,7 @@ __all__ = [
 ]
 
 EXPORT_FORMAT = "tiergate.complexity.serving"
-EXPORT_FORMAT_VERSION = 1
+EXPORT_FORMAT_VERSION = 2
 PROBE_TOLERANCE = 1e-9
 """How far a probe's score may be from the pipeline's before the export is refused."""
 _WEIGHTS_DTYPE = "<f8"
@@ -110,22 +117,32 @@ def _encode_branch(branch: HashedBranch) -> dict[str, Any]:
     }
 
 
-def encode_serving_export(
-    scorer: HashedLinearScorer,
-    *,
-    metadata: Mapping[str, Any],
-    source: Path,
-    sklearn_version: str,
-    probes: Sequence[tuple[str, float]],
-) -> dict[str, Any]:
-    """The export's content for ``scorer`` made from the skops file ``source``."""
-    for branch in scorer.branches:
+def _encode_expert(expert: HashedExpert) -> dict[str, Any]:
+    for branch in expert.scorer.branches:
         prefix = branch.spec.head_prefix
         if prefix is not None and (prefix, branch.spec.token_pattern) != (
             META_PREFIX,
             META_TOKEN_PATTERN,
         ):
             raise ServingExportError("only the structural-token branch can be head-only")
+    return {
+        "scale": expert.output.scale,
+        "offset": expert.output.offset,
+        "intercept": expert.scorer.intercept,
+        "branches": [_encode_branch(b) for b in expert.scorer.branches],
+    }
+
+
+def encode_serving_export(
+    experts: Mapping[str, HashedExpert],
+    *,
+    metadata: Mapping[str, Any],
+    source: Path,
+    sklearn_version: str,
+    probes: Sequence[tuple[str, str, float, float]],
+) -> dict[str, Any]:
+    """The export's content for ``experts`` made from the skops file ``source``; ``probes``
+    are (expert, model text, the pipeline's probability, the score)."""
     return {
         "format": EXPORT_FORMAT,
         "format_version": EXPORT_FORMAT_VERSION,
@@ -136,11 +153,11 @@ def encode_serving_export(
             "sklearn_version": sklearn_version,
         },
         "metadata": dict(metadata),
-        "scorer": {
-            "intercept": scorer.intercept,
-            "branches": [_encode_branch(b) for b in scorer.branches],
-        },
-        "probes": [{"text": text, "score": float(score)} for text, score in probes],
+        "experts": {name: _encode_expert(expert) for name, expert in experts.items()},
+        "probes": [
+            {"expert": name, "text": text, "probability": float(p), "score": float(score)}
+            for name, text, p, score in probes
+        ],
     }
 
 
@@ -215,16 +232,27 @@ def _check_header(data: Mapping[str, Any], model_path: Path) -> None:
         raise ServingExportError(f"written for another {model_path.name} (sha256 differs)")
 
 
-def _check_probes(scorer: HashedLinearScorer, probes: Sequence[Mapping[str, Any]]) -> None:
-    if not probes:
-        raise ServingExportError("no probe texts")
+def _decode_expert(data: Mapping[str, Any]) -> HashedExpert:
+    branches = [_decode_branch(b) for b in data["branches"]]
+    output = Output(scale=float(data["scale"]), offset=float(data["offset"]))
+    return HashedExpert(HashedLinearScorer(branches, float(data["intercept"])), output)
+
+
+def _check_probes(experts: Mapping[str, HashedExpert], probes: Sequence[Mapping[str, Any]]) -> None:
+    probed = {str(probe["expert"]) for probe in probes}
+    if not set(experts) <= probed:
+        raise ServingExportError(f"no probe texts for {', '.join(sorted(set(experts) - probed))}")
     for number, probe in enumerate(probes):
-        expected = float(probe["score"])
-        got = scorer(str(probe["text"]))
-        if not abs(got - expected) <= PROBE_TOLERANCE:
-            raise ServingExportError(
-                f"probe {number}: scored {got!r}, the pipeline gave {expected!r}"
-            )
+        expert = experts[str(probe["expert"])]
+        p = expert.scorer(str(probe["text"]))
+        for what, got, expected in (
+            ("probability", p, float(probe["probability"])),
+            ("score", expert.output(p), float(probe["score"])),
+        ):
+            if not abs(got - expected) <= PROBE_TOLERANCE:
+                raise ServingExportError(
+                    f"probe {number}: {what} {got!r}, the pipeline gave {expected!r}"
+                )
 
 
 def read_serving_export(path: Path, *, model_path: Path) -> HashedLinearClassifier:
@@ -238,14 +266,15 @@ def read_serving_export(path: Path, *, model_path: Path) -> HashedLinearClassifi
         if not isinstance(data, dict):
             raise ServingExportError("not a JSON object")
         _check_header(data, model_path)
-        scorer_data = data["scorer"]
-        branches = [_decode_branch(b) for b in scorer_data["branches"]]
-        scorer = HashedLinearScorer(branches, float(scorer_data["intercept"]))
-        _check_probes(scorer, data["probes"])
+        missing = set(EXPERTS) - set(data["experts"])
+        if missing:
+            raise ServingExportError(f"no expert {', '.join(sorted(missing))}")
+        experts = {name: _decode_expert(data["experts"][name]) for name in EXPERTS}
+        _check_probes(experts, data["probes"])
         metadata = data["metadata"]
         if not isinstance(metadata, dict):
             raise ServingExportError("metadata is not an object")
-        return HashedLinearClassifier(scorer, metadata=metadata)
+        return HashedLinearClassifier(experts, metadata=metadata)
     except ServingExportError as exc:
         raise ServingExportError(f"{path}: {exc}") from exc
     except OSError as exc:

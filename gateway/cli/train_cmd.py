@@ -73,6 +73,12 @@ def train(
             f"difference {ours['apgr_minus_prompt_length']:+.3f} "
             f"{_interval(ours.get('apgr_minus_prompt_length_ci95'))} (bootstrap 95%)"
         )
+    steps = ev.gsm8k_steps_spearman
+    if steps:
+        console.print(
+            f"GSM8K Spearman with solution steps {steps['classifier']:.3f}, "
+            f"prompt length {steps['prompt_length']:.3f}"
+        )
 
 
 def _export(console: Console, model: Path) -> None:

@@ -78,6 +78,7 @@ def redis_client(
     url: str,
     *,
     socket_timeout: float | None = 1.0,
+    connect_timeout: float = 0.5,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> aioredis.Redis:
     """A lost Redis must become a 503 within a second, not a hidden retry loop; callers that
@@ -90,7 +91,7 @@ def redis_client(
         url,
         max_connections=max_connections,
         timeout=socket_timeout if socket_timeout is not None else 5.0,
-        socket_connect_timeout=0.5,
+        socket_connect_timeout=connect_timeout,
         socket_timeout=socket_timeout,
         retry=Retry(NoBackoff(), 0),
         health_check_interval=0,

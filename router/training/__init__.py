@@ -3,14 +3,13 @@
 from router.training.data import DATA_FILES, Row, load_rows
 from router.training.evaluate import EvalReport, evaluate, evaluate_rows
 from router.training.export import export_model_file
-from router.training.labels import BothWrong, LabelScheme
+from router.training.labels import LabelScheme
 from router.training.pipeline import PipelineConfig, build_pipeline
 from router.training.train import STAGES, Progress, TrainConfig, TrainReport, train
 
 __all__ = [
     "DATA_FILES",
     "STAGES",
-    "BothWrong",
     "EvalReport",
     "LabelScheme",
     "PipelineConfig",

@@ -15,6 +15,13 @@ All numbers are computed on the validation split (``router.training.data.is_vali
 * ``mmlu_apgr``: APGR (``router.training.apgr``) on the MMLU-Pro validation rows with the 8B
   and 70B outcomes as qualities, with a bootstrap 95 % interval, next to the prompt-length
   router's and the paired difference.
+* ``gsm8k_steps_spearman``: Spearman correlation of the score with the reference solution's
+  step count on the GSM8K validation rows, next to prompt length's. ``gsm8k_proxy_apgr``: APGR
+  there with the gain the labels assume (weak 0, strong = the step label of
+  ``router.training.labels``), as ``mmlu_apgr`` with its intervals. A proxy: GSM8K carries no
+  model outcomes.
+* ``multiple_choice_share``: per group, the share of rows the gate sends to the
+  multiple-choice expert.
 """
 
 from __future__ import annotations
@@ -25,13 +32,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import spearmanr
 from sklearn.metrics import roc_auc_score
 
-from router.classifier import SklearnClassifier, model_text
+from router.experts import MULTIPLE_CHOICE, expert_for
 from router.features import PromptFeatures
+from router.sklearn_classifier import SklearnClassifier
 from router.training.apgr import compare_routers, length_scores
 from router.training.data import Row, group_key, is_validation, load_rows
-from router.training.labels import ARENA_HARD_SOURCES, EVERYDAY_SOURCES, needs_large
+from router.training.labels import (
+    ARENA_HARD_SOURCES,
+    EVERYDAY_SOURCES,
+    LabelScheme,
+    needs_large,
+    targets,
+)
 
 __all__ = [
     "MIX_GROUPS",
@@ -90,6 +105,9 @@ class EvalReport:
     routed: dict[str, float] = field(default_factory=dict)
     share_thresholds: list[float] = field(default_factory=list)
     mmlu_apgr: dict[str, dict[str, object]] = field(default_factory=dict)
+    gsm8k_steps_spearman: dict[str, float] = field(default_factory=dict)
+    gsm8k_proxy_apgr: dict[str, dict[str, object]] = field(default_factory=dict)
+    multiple_choice_share: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,10 +145,35 @@ def share_curve(scores: Mapping[str, np.ndarray], points: int = SHARE_POINTS) ->
 def _mmlu_apgr(
     rows: Sequence[Row], scores: np.ndarray, resamples: int
 ) -> dict[str, dict[str, object]]:
-    if not rows:
-        return {}
     weak = [float(bool(row.weak_correct)) for row in rows]
     strong = [float(bool(row.strong_correct)) for row in rows]
+    return _apgr(rows, scores, weak, strong, resamples)
+
+
+def _gsm8k_proxy_apgr(
+    rows: Sequence[Row], scores: np.ndarray, resamples: int
+) -> dict[str, dict[str, object]]:
+    gains = [target.p for target in targets(rows, LabelScheme())]
+    return _apgr(rows, scores, [0.0] * len(gains), gains, resamples)
+
+
+def _gsm8k_spearman(rows: Sequence[Row], scores: np.ndarray) -> dict[str, float]:
+    if len(rows) < 2:
+        return {}
+    steps = [row.solution_steps or 0 for row in rows]
+    routers = {"classifier": scores, "prompt_length": length_scores([r.prompt for r in rows])}
+    return {name: round(float(spearmanr(v, steps)[0]), 4) for name, v in routers.items()}
+
+
+def _apgr(
+    rows: Sequence[Row],
+    scores: np.ndarray,
+    weak: Sequence[float],
+    strong: Sequence[float],
+    resamples: int,
+) -> dict[str, dict[str, object]]:
+    if not rows:
+        return {}
     routers = {"classifier": scores, "prompt_length": length_scores([r.prompt for r in rows])}
     result = compare_routers(routers, weak, strong, resamples=resamples, baseline="prompt_length")
     return {
@@ -181,9 +224,10 @@ def evaluate_rows(
 
     ``resamples`` is the number of bootstrap resamples behind ``mmlu_apgr``'s intervals.
     """
-    texts = [model_text(PromptFeatures.from_text(row.prompt)) for row in validation]
-    scores = np.asarray(classifier.score_texts(texts)) if texts else np.zeros(0)
+    features = [PromptFeatures.from_text(row.prompt) for row in validation]
+    scores = np.asarray(classifier.score_features(features)) if features else np.zeros(0)
     groups = np.array([mix_group(row) for row in validation])
+    multiple_choice = np.array([expert_for(f) == MULTIPLE_CHOICE for f in features], dtype=bool)
     by_group = {name: scores[groups == name] for name in MIX_GROUPS}
     if threshold is None:
         threshold = choose_threshold(by_group, target_large_share)
@@ -193,6 +237,7 @@ def evaluate_rows(
     mmlu_scores = scores[mmlu]
     answered = [j for j, row in enumerate(mmlu_rows) if row.weak_correct or row.strong_correct]
     contrast = [i for i, g in enumerate(groups) if g in ("everyday", "arena_hard")]
+    gsm8k_rows = [row for row, g in zip(validation, groups, strict=True) if g == "gsm8k"]
     steps = np.array([row.solution_steps or 0 for row in validation])
     gsm8k = {
         str(n): round(float(np.mean(scores[(groups == "gsm8k") & (steps == n)])), 4)
@@ -225,6 +270,13 @@ def evaluate_rows(
         routed=_routed(mmlu_rows, mmlu_scores, threshold) if mmlu_rows else {},
         share_thresholds=share_curve(by_group),
         mmlu_apgr=_mmlu_apgr(mmlu_rows, mmlu_scores, resamples),
+        gsm8k_steps_spearman=_gsm8k_spearman(gsm8k_rows, scores[groups == "gsm8k"]),
+        gsm8k_proxy_apgr=_gsm8k_proxy_apgr(gsm8k_rows, scores[groups == "gsm8k"], resamples),
+        multiple_choice_share={
+            name: round(float(np.mean(multiple_choice[groups == name])), 4)
+            for name in MIX_GROUPS
+            if np.any(groups == name)
+        },
     )
 
 

@@ -1,8 +1,9 @@
 """Writing the serving export of a skops model file (``router.serving_export``).
 
 ``export_model_file(model_path)`` loads the skops file with scikit-learn (types and version
-checked), takes the hashed scorer verified against its pipeline, scores the probe texts with
-the pipeline itself (``predict_proba``) and writes ``<model>.serving.json`` beside it. Training
+checked), takes each expert's hashed scorer verified against its pipeline, scores the probe
+texts with each pipeline itself (``predict_proba``) and writes ``<model>.serving.json`` beside
+it. Training
 calls it after saving the model; ``tiergate train --export-only`` calls it for an existing
 file. It refuses to write an export that does not reproduce the pipeline within 1e-9.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import sklearn
 
-from router.classifier import model_text
+from router.classifier import HashedExpert, model_text
 from router.features import PromptFeatures
 from router.model_file import load_classifier
 from router.serving_export import (
@@ -73,23 +74,32 @@ def export_model_file(model_path: Path) -> Path:
     pipeline cannot be served by the hashed scorer.
     """
     classifier = load_classifier(model_path)
-    scorer = classifier.scorer
-    if scorer is None:
-        raise ServingExportError(
-            f"{model_path}: the pipeline has a shape the hashed scorer does not reproduce; "
-            "it can only be served from the skops file"
-        )
     texts = probe_texts()
-    reference = classifier.score_texts(texts)
-    for text, expected in zip(texts, reference, strict=True):
-        if not abs(scorer(text) - expected) <= PROBE_TOLERANCE:
-            raise ServingExportError(f"{model_path}: the hashed scorer disagrees on {text!r}")
+    experts: dict[str, HashedExpert] = {}
+    probes: list[tuple[str, str, float, float]] = []
+    for name, expert in classifier.experts.items():
+        scorer = expert.scorer
+        if scorer is None:
+            raise ServingExportError(
+                f"{model_path}: the {name} pipeline has a shape the hashed scorer does not "
+                "reproduce; it can only be served from the skops file"
+            )
+        reference = expert.probabilities(texts)
+        for text, expected in zip(texts, reference, strict=True):
+            if not abs(scorer(text) - expected) <= PROBE_TOLERANCE:
+                raise ServingExportError(
+                    f"{model_path}: the {name} hashed scorer disagrees on {text!r}"
+                )
+        experts[name] = HashedExpert(scorer, expert.output)
+        probes.extend(
+            (name, text, p, expert.output(p)) for text, p in zip(texts, reference, strict=True)
+        )
     content = encode_serving_export(
-        scorer,
+        experts,
         metadata=classifier.metadata,
         source=model_path,
         sklearn_version=sklearn.__version__,
-        probes=list(zip(texts, reference, strict=True)),
+        probes=probes,
     )
     target = serving_export_path(model_path)
     write_serving_export(target, content)

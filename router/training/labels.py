@@ -1,68 +1,64 @@
-"""Labels: which prompts need the large model, and how much each row should count.
+"""Labels: what each expert learns from each row, and how much the row counts.
 
-The target is the routing question itself: P(the 8B answer is not good enough while the 70B
-answer is). Only MMLU-Pro has real outcomes for both models; the other collections carry
-*weak* labels, a prior probability written down here, with a weight that says how much a row
-counts next to one real outcome.
+The model has two experts (``router.experts``): one for multiple-choice questions, learnt from
+the only real outcomes we have (MMLU-Pro, Llama-3.1-8B against 70B), and one for every other
+prompt, learnt from *weak* labels: a prior written down here, with a weight that says how much
+a row counts. A soft label p with weight w becomes two training rows, (1, w·p) and (0, w·(1-p));
+a logistic regression trained on them minimises the cross-entropy against p.
 
-A soft label p with weight w becomes two training rows, (1, w·p) and (0, w·(1 - p)); a logistic
-regression trained on them minimises the cross-entropy against p.
+**Multiple-choice expert: the expected gain.** Routing by APGR asks for prompts ranked by the
+expected quality gain of the large model, E[strong - weak], where strong and weak are the 70B and
+8B outcomes (1 right, 0 wrong). The label is p = (strong - weak + 1) / 2: 1 when only 70B is
+right, 0 when only 8B is, 0.5 when both are right or both wrong (the large model changes
+nothing). The fitted probability is then (E[gain] + 1) / 2, and the expert's score is
+2p - 1 = E[gain], clamped to [0, 1] (``router.experts.Output``). Every MMLU-Pro row counts,
+both-wrong rows included: their gain is 0, like both-correct rows.
+
+**Open expert: weak labels**, on the scale of a gain too: the chance that the large model is
+needed.
 
 ==========================  =====================================  ==========  ======
-rows                        target p (needs large)                 weight w    count
+rows                        target p                               weight w    count
 ==========================  =====================================  ==========  ======
-MMLU-Pro, only 70B correct  1                                      0.5         2,410
-MMLU-Pro, both correct      0                                      0.5         3,614
-MMLU-Pro, only 8B correct   0 (the 70B model does not help)        0.5           652
-MMLU-Pro, both wrong        see ``both_wrong`` (default: dropped)  —           2,896
+MMLU-Pro (multiple choice)  (strong - weak + 1) / 2                1           9,572
 everyday instructions       0 ("easy" by intent)                   5             502
 arena-hard (v0.1, v2.0      0.7 (selected as hard, not measured)   2             997
   coding and maths)
 arena-hard v2.0 creative    0.5                                    2             250
-GSM8K                       0.05 + 0.08 · (steps - 2), ≤ 0.7       0.2         7,473
+GSM8K                       0.05 + 0.08 · (steps - 2), ≤ 0.7       2           7,473
 ==========================  =====================================  ==========  ======
 
-In total weight the real outcomes (≈ 3,300) and the weak labels (≈ 2,500 everyday, 2,500
-arena-hard, 1,500 GSM8K) are of the same order. The weights were set by a few development runs
-on other split seeds than the shipped model's, looking at MMLU-Pro AUC, everyday-vs-hard AUC
-and a handful of hand-written prompts; they are judgement, not a fitted optimum. The weak
-labels teach the style of their collections as well as their difficulty (words such as
+The weights of the open expert were set by development runs, looking at everyday-vs-hard AUC,
+the GSM8K ranking by solution steps and a handful of hand-written prompts; they are judgement,
+not a fitted optimum. GSM8K counts 2 a row (0.2 when one model served every kind: there it
+pulled shared word weights away from MMLU-Pro; an expert of its own has nothing to pull).
+The weak labels teach the style of their collections as well as their difficulty (words such as
 "write" or "python" lean large because arena-hard asks for code so often); more and better
 labelled traffic is the cure, not more weight.
-
-Why both-wrong rows are dropped by default: labelling them 0 teaches that the hardest questions
-belong on the small model, the opposite of what every other source says, while labelling them 1
-claims a benefit the outcomes do not show. Each flag is one noisy draw (up to ten options, one
-run per model), so these rows mostly carry noise about the target. They stay in the validation
-metrics, which use every MMLU-Pro row with the strict target.
-
-Tried and not kept (see docs/classifier.md): labelling both-wrong rows 0 — APGR counts their
-gain strong - weak as 0, like both-correct rows — with the MMLU-Pro weight raised to 2. On two
-inner development splits of the training rows it raised MMLU-Pro APGR (0.514 → 0.546 and
-0.514 → 0.522, within noise); on the validation split it did not (0.527 → 0.527) and lost
-elsewhere (MMLU-Pro AUC 0.550 → 0.530, everyday-vs-hard AUC 0.923 → 0.887), so the
-incumbent stayed. ``LabelScheme(both_wrong=BothWrong.ZERO, both_wrong_weight=1.0,
-mmlu_weight=2.0)`` reproduces it.
 
 GSM8K: published scores for Llama-3.1 (8-shot CoT) are about 84 % (8B) and 95 % (70B), so the
 large model is needed for roughly one problem in nine, more often on long chains. The step
 formula gives 0.05 at two steps and 0.61 at nine (mean 0.18 over the file).
+
+Which expert learns from a row goes by its source (outcomes or weak labels), not by the gate:
+the 2.6 % of MMLU-Pro prompts whose options the gate does not find still teach the
+multiple-choice expert, and are scored by the open one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 
+from router.experts import MULTIPLE_CHOICE, OPEN
 from router.training.data import Row
 
 __all__ = [
     "ARENA_HARD_SOURCES",
     "EVERYDAY_SOURCES",
-    "BothWrong",
     "LabelScheme",
     "Target",
+    "expert_targets",
     "needs_large",
     "targets",
 ]
@@ -73,19 +69,11 @@ EVERYDAY_SOURCES = frozenset(
 ARENA_HARD_SOURCES = frozenset({"arena_hard_v0.1", "arena_hard_v2.0"})
 
 
-class BothWrong(StrEnum):
-    DROP = "drop"
-    ZERO = "zero"
-
-
 @dataclass(frozen=True, slots=True)
 class LabelScheme:
     """The numbers of the table above; a field per choice so experiments can vary them."""
 
-    both_wrong: BothWrong = BothWrong.DROP
-    both_wrong_weight: float = 0.5
-    """Multiplies ``mmlu_weight`` for both-wrong rows (with ``BothWrong.ZERO``)."""
-    mmlu_weight: float = 0.5
+    mmlu_weight: float = 1.0
     everyday_weight: float = 5.0
     arena_hard_p: float = 0.7
     arena_creative_p: float = 0.5
@@ -93,16 +81,17 @@ class LabelScheme:
     gsm8k_base_p: float = 0.05
     gsm8k_step_p: float = 0.08
     gsm8k_max_p: float = 0.7
-    gsm8k_weight: float = 0.2
+    gsm8k_weight: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A row's soft label ``p`` and its weight."""
+    """A row's soft label ``p``, its weight, and the expert that learns from it."""
 
     row: Row
     p: float
     weight: float
+    expert: str
 
 
 def needs_large(row: Row) -> bool | None:
@@ -114,23 +103,30 @@ def needs_large(row: Row) -> bool | None:
 
 def _target(row: Row, scheme: LabelScheme) -> Target | None:
     if row.source == "mmlu_pro":
-        if not row.weak_correct and not row.strong_correct:
-            if scheme.both_wrong is BothWrong.DROP:
-                return None
-            return Target(row, 0.0, scheme.both_wrong_weight * scheme.mmlu_weight)
-        return Target(row, 1.0 if needs_large(row) else 0.0, scheme.mmlu_weight)
+        if row.weak_correct is None or row.strong_correct is None:
+            return None
+        gain = int(row.strong_correct) - int(row.weak_correct)
+        return Target(row, (gain + 1) / 2, scheme.mmlu_weight, MULTIPLE_CHOICE)
     if row.source in EVERYDAY_SOURCES:
-        return Target(row, 0.0, scheme.everyday_weight)
+        return Target(row, 0.0, scheme.everyday_weight, OPEN)
     if row.source in ARENA_HARD_SOURCES:
         creative = row.category == "creative_writing"
         p = scheme.arena_creative_p if creative else scheme.arena_hard_p
-        return Target(row, p, scheme.arena_hard_weight)
+        return Target(row, p, scheme.arena_hard_weight, OPEN)
     if row.source == "gsm8k_train" and row.solution_steps is not None:
         p = scheme.gsm8k_base_p + scheme.gsm8k_step_p * (row.solution_steps - 2)
-        return Target(row, min(scheme.gsm8k_max_p, max(0.0, p)), scheme.gsm8k_weight)
+        return Target(row, min(scheme.gsm8k_max_p, max(0.0, p)), scheme.gsm8k_weight, OPEN)
     return None
 
 
 def targets(rows: Iterable[Row], scheme: LabelScheme) -> list[Target]:
     """Targets for the rows the scheme labels (others are skipped), in row order."""
     return [t for t in (_target(row, scheme) for row in rows) if t is not None]
+
+
+def expert_targets(rows: Iterable[Row], scheme: LabelScheme) -> dict[str, list[Target]]:
+    """``targets`` by the expert that learns from them, in row order within each."""
+    by_expert: dict[str, list[Target]] = {MULTIPLE_CHOICE: [], OPEN: []}
+    for target in targets(rows, scheme):
+        by_expert[target.expert].append(target)
+    return by_expert

@@ -3,7 +3,10 @@
 
 Reproducible: the split is a keyed hash of each row's group, the solver is deterministic, and
 nothing depends on row order or the clock, so the same data and seed give the same model and
-the same metrics (the card's ``seconds`` aside).
+the same metrics (the card's ``seconds`` aside). The fits run on one thread: scikit-learn sums
+the logistic loss over OpenMP threads, and another thread count sums in another order, which
+moved the open expert's scores by up to 0.01 (lbfgs stops at its tolerance, not at the exact
+optimum) and the card's metrics in their third decimal. One thread is also the faster here.
 """
 
 from __future__ import annotations
@@ -20,31 +23,41 @@ from typing import Any
 import numpy as np
 import sklearn
 import skops
+from threadpoolctl import threadpool_limits
 
-from router.classifier import MODEL_TEXT_VERSION, SklearnClassifier, model_text
+from router.classifier import MODEL_TEXT_VERSION, model_text
+from router.experts import GAIN, MULTIPLE_CHOICE, OPEN, PROBABILITY
 from router.features import PromptFeatures
 from router.model_file import card_path, save_classifier
+from router.sklearn_classifier import SklearnClassifier, SklearnExpert
 from router.training.data import DATA_FILES, Row, load_rows
 from router.training.evaluate import EvalReport, evaluate_rows, split_rows
 from router.training.export import export_model_file
-from router.training.labels import LabelScheme, Target, targets
-from router.training.pipeline import PipelineConfig, build_pipeline
+from router.training.labels import LabelScheme, Target, expert_targets
+from router.training.pipeline import (
+    MULTIPLE_CHOICE_PIPELINE,
+    OPEN_PIPELINE,
+    PipelineConfig,
+    build_pipeline,
+)
 
 __all__ = ["STAGES", "Progress", "TrainConfig", "TrainReport", "train"]
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, completed, total)``: called as each stage starts, and with ``"done"``."""
-STAGES = ("load", "features", "fit", "evaluate", "save")
+STAGES = ("load", "fit", "evaluate", "save")
 CARD_NOTES = (
-    "Score = P(8B wrong and 70B right) as learnt from MMLU-Pro outcomes plus weak labels "
-    "(everyday instructions 0, arena-hard 0.7 / creative 0.5, GSM8K by step count); see "
-    "router/training/labels.py.",
+    "Two experts, chosen by whether the last user message has multiple-choice options "
+    "(router/experts.py). multiple_choice: E[70B correct - 8B correct] learnt from MMLU-Pro "
+    "outcomes, from the structural and question-shape tokens only. open: P(large needed) "
+    "learnt from weak labels (everyday instructions 0, arena-hard 0.7 / creative 0.5, GSM8K "
+    "by solution steps); see router/training/labels.py.",
     "Not calibrated as a probability: use the threshold (chosen for target_large_share of an "
     "equal-weight mix of everyday, arena-hard, MMLU-Pro and GSM8K validation prompts) or the "
     "share curve (metrics.share_thresholds, threshold_for_share), not 0.5.",
-    "On MMLU-Pro's real outcomes the model is close to chance (see metrics.mmlu_auc and "
-    "metrics.routed); most of its separation comes from the weak labels, and with them the "
-    "style of their collections.",
+    "On MMLU-Pro's real outcomes the model ranks only a little better than prompt length "
+    "(metrics.mmlu_apgr); the open expert's separation comes from the weak labels, and with "
+    "them the style of their collections.",
     "Metrics are on a validation split grouped by normalised question text (seed above).",
 )
 
@@ -52,7 +65,8 @@ CARD_NOTES = (
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
     labels: LabelScheme = field(default_factory=LabelScheme)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    open_pipeline: PipelineConfig = OPEN_PIPELINE
+    multiple_choice_pipeline: PipelineConfig = MULTIPLE_CHOICE_PIPELINE
     validation_fraction: float = 0.2
     target_large_share: float = 0.4
     """Share of the everyday/hard mix the default threshold sends to the large tier."""
@@ -69,9 +83,10 @@ class TrainReport:
     export_path: Path
     """The serving export written beside the model (``router.serving_export``)."""
     seed: int
-    n_train_rows: int
-    n_train_examples: int
-    """Weighted examples the model was fitted on (a soft label counts twice)."""
+    n_train_rows: dict[str, int]
+    """Labelled rows per expert."""
+    n_train_examples: dict[str, int]
+    """Weighted examples each expert was fitted on (a soft label counts twice)."""
     evaluation: EvalReport
     model_bytes: int
     seconds: float
@@ -109,6 +124,23 @@ def _examples(labelled: Sequence[Target]) -> tuple[list[int], list[int], list[fl
     return index, classes, weights
 
 
+def _fit_experts(
+    config: TrainConfig, labelled: dict[str, list[Target]]
+) -> dict[str, SklearnExpert]:
+    mc = _fit_expert(config.multiple_choice_pipeline, labelled[MULTIPLE_CHOICE])
+    return {
+        MULTIPLE_CHOICE: SklearnExpert(mc, GAIN),
+        OPEN: SklearnExpert(_fit_expert(config.open_pipeline, labelled[OPEN]), PROBABILITY),
+    }
+
+
+def _fit_expert(config: PipelineConfig, labelled: Sequence[Target]) -> Any:
+    """A pipeline built from ``config`` and fitted to ``labelled``."""
+    pipeline = build_pipeline(config)
+    _fit_model(pipeline, _vectorize(pipeline, labelled), labelled)
+    return pipeline
+
+
 def _vectorize(pipeline: Any, labelled: Sequence[Target]) -> Any:
     """The feature matrix, one row per labelled row (the vectorizers are stateless)."""
     texts = [model_text(PromptFeatures.from_text(t.row.prompt)) for t in labelled]
@@ -133,7 +165,7 @@ def _file_digests(data_dir: Path) -> dict[str, str]:
 def _card(report: TrainReport, config: TrainConfig, data_dir: Path) -> dict[str, Any]:
     return {
         "model": report.model_path.name,
-        "description": "P(Llama-3.1-8B answer not good enough while 70B's is), from prompt text",
+        "description": "Expected gain of Llama-3.1-70B over 8B, from prompt text, by two experts",
         "notes": list(CARD_NOTES),
         "threshold": report.threshold,
         "seed": report.seed,
@@ -181,13 +213,12 @@ def train(
     step("load")
     rows = _subsample(load_rows(data_dir), config.max_rows_per_source, seed)
     train_rows, validation = split_rows(rows, seed=seed, fraction=config.validation_fraction)
-    labelled = targets(train_rows, config.labels)
-    pipeline = build_pipeline(config.pipeline)
-    step("features")
-    matrix = _vectorize(pipeline, labelled)
+    labelled = expert_targets(train_rows, config.labels)
     step("fit")
-    _fit_model(pipeline, matrix, labelled)
-    classifier = SklearnClassifier(pipeline)
+    with threadpool_limits(limits=1):
+        experts = _fit_experts(config, labelled)
+    classifier = SklearnClassifier(experts)
+
     step("evaluate")
     evaluation = evaluate_rows(
         classifier,
@@ -211,8 +242,8 @@ def train(
         card_path=card_path(out),
         export_path=export,
         seed=seed,
-        n_train_rows=len(labelled),
-        n_train_examples=len(_examples(labelled)[0]),
+        n_train_rows={name: len(rows) for name, rows in labelled.items()},
+        n_train_examples={name: len(_examples(rows)[0]) for name, rows in labelled.items()},
         evaluation=evaluation,
         model_bytes=out.stat().st_size,
         seconds=round(time.perf_counter() - started, 1),

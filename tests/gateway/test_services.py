@@ -55,4 +55,5 @@ async def test_request_path_redis_commands_are_bounded_by_the_setting(
     async with open_services(settings, dev=True, workers=False, sink=False) as services:
         pool = services.redis.connection_pool
         assert pool.connection_kwargs["socket_timeout"] == timeout_s
+        assert pool.connection_kwargs["socket_connect_timeout"] == timeout_s / 2
         assert pool.timeout == timeout_s  # type: ignore[attr-defined]  # the wait for a connection

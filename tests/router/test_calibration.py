@@ -5,9 +5,10 @@ import itertools
 import numpy as np
 import pytest
 
-from router.classifier import CalibratedClassifier, SklearnClassifier, threshold_for_share
+from router.classifier import CalibratedClassifier, threshold_for_share
 from router.features import PromptFeatures
 from router.model_file import load_classifier
+from router.sklearn_classifier import SklearnClassifier
 from router.training.data import load_rows
 from router.training.evaluate import choose_threshold, share_curve, split_rows
 from tests.router.conftest import DATA_DIR

@@ -11,12 +11,13 @@ from sklearn.pipeline import Pipeline
 
 from router.classifier import (
     Classifier,
-    SklearnClassifier,
     meta_tokens,
     model_text,
 )
+from router.experts import GAIN, MULTIPLE_CHOICE, OPEN, PROBABILITY, expert_for
 from router.features import HEAD_CHARS, TAIL_CHARS, PromptFeatures
 from router.model_file import DEFAULT_MODEL_PATH, card_path, load_classifier
+from router.sklearn_classifier import SklearnClassifier, SklearnExpert
 from router.training.data import load_rows
 from tests.router.conftest import DATA_DIR, EASY, HARD
 
@@ -33,7 +34,30 @@ def test_meta_tokens_describe_the_structure() -> None:
         "tgmup7 tgmomin2 tgmospr4 tgmonum2 tgmqty0 tgmfx0 tgmqm1"
     )
     plain = meta_tokens(PromptFeatures.from_text("tell me a story about a dragon please"))
-    assert plain.endswith("tgmup0 tgmnoopts tgmqty0 tgmfx0 tgmqm0")
+    assert plain.endswith("tgmup0 tgmnoopts tgmqty0 tgmfx0 tgmqm0 tgmnn0 tgmwc3 tgmss0")
+
+
+def test_size_tokens_count_numbers_words_and_sentences() -> None:
+    problem = (
+        "Tom has 12 apples. He gives 3.5 kg to Ann and 1,200 grams to Bob! "
+        "How many are left? Answer in grams."
+    )
+    tokens = meta_tokens(PromptFeatures.from_text(problem)).split()
+    # 3 numbers (1,200 is one); 21 words: 2·log2(21) = 8.8 → bucket 5; 4 sentence ends
+    assert tokens[-3:] == ["tgmnn3", "tgmwc5", "tgmss4"]
+    many = " ".join(f"{n}." for n in range(40))
+    assert meta_tokens(PromptFeatures.from_text(many)).split()[-3:][0] == "tgmnn12"
+    # a multiple-choice question's text has none: its expert reads the shape tokens
+    question = PromptFeatures.from_text(problem + "\nA. 8,800\nB. 9,000\nC. 12")
+    assert not any(t.startswith(("tgmnn", "tgmwc", "tgmss")) for t in meta_tokens(question).split())
+
+
+@pytest.mark.parametrize(
+    ("words", "bucket"), [(0, 0), (3, 0), (4, 1), (6, 2), (8, 3), (16, 5), (256, 13), (10**4, 16)]
+)
+def test_word_buckets(words: int, bucket: int) -> None:
+    tokens = meta_tokens(PromptFeatures.from_text("w " * words)).split()
+    assert tokens[-2] == f"tgmwc{bucket}"
 
 
 @pytest.mark.parametrize(("chars", "bucket"), [(0, 0), (31, 0), (32, 1), (64, 2), (10**6, 10)])
@@ -58,17 +82,23 @@ def test_fast_path_matches_the_pipeline_on_real_prompts(shipped: SklearnClassifi
     features = [PromptFeatures.from_text(row.prompt) for row in rows]
     odd = ["", "🙂", "x" * 9000, "line one\nTGMcode tgmlen9 tgmopts4\nagain tgmmath", "a\ntgm"]
     features += [PromptFeatures.from_text(t) for t in [*EASY, *HARD, *odd]]
-    reference = shipped.score_texts([model_text(f) for f in features])
+    assert {expert_for(f) for f in features} == {OPEN, MULTIPLE_CHOICE}
+    reference = shipped.score_features(features)
     fast = [shipped.score(f) for f in features]
     assert fast == pytest.approx(reference, abs=1e-9)
 
 
-def test_unsupported_pipeline_falls_back_to_predict_proba() -> None:
+def _unsupported_pipeline() -> Pipeline:
     pipeline = Pipeline(
         [("vec", HashingVectorizer(n_features=2**8)), ("model", LogisticRegression())]
     )
     pipeline.fit(["easy one", "hard two", "easy three", "hard four"], [0, 1, 0, 1])
-    classifier = SklearnClassifier(pipeline)
+    return pipeline
+
+
+def test_unsupported_pipeline_falls_back_to_predict_proba() -> None:
+    expert = SklearnExpert(_unsupported_pipeline(), PROBABILITY)
+    classifier = SklearnClassifier({OPEN: expert, MULTIPLE_CHOICE: expert})
     assert not classifier.fast
     score = classifier.score(PromptFeatures.from_text("hard"))
     assert 0.0 <= score <= 1.0
@@ -80,7 +110,27 @@ def test_pipeline_without_positive_class_is_rejected() -> None:
     )
     pipeline.fit(["a", "b"], ["x", "y"])
     with pytest.raises(ValueError, match="positive class"):
-        SklearnClassifier(pipeline)
+        SklearnExpert(pipeline, PROBABILITY)
+
+
+def test_a_classifier_needs_every_expert() -> None:
+    expert = SklearnExpert(_unsupported_pipeline(), PROBABILITY)
+    with pytest.raises(ValueError, match="no expert multiple_choice"):
+        SklearnClassifier({OPEN: expert})
+
+
+def test_each_prompt_is_scored_by_its_experts_output(tiny_classifier: SklearnClassifier) -> None:
+    mc = PromptFeatures.from_text("Which?\nA. 6\nB. 8\nC. 10")
+    plain = PromptFeatures.from_text("Which is more, 6 or 8?")
+    assert (expert_for(mc), expert_for(plain)) == (MULTIPLE_CHOICE, OPEN)
+    mc_expert = tiny_classifier.experts[MULTIPLE_CHOICE]
+    p = mc_expert.probability(model_text(mc))
+    assert tiny_classifier.score(mc) == GAIN(p) == max(0.0, min(1.0, 2 * p - 1))
+    open_expert = tiny_classifier.experts[OPEN]
+    assert tiny_classifier.score(plain) == open_expert.probability(model_text(plain))
+    assert tiny_classifier.score_features([mc, plain]) == pytest.approx(
+        [tiny_classifier.score(mc), tiny_classifier.score(plain)], abs=1e-12
+    )
 
 
 def test_shipped_model_separates_easy_from_hard(shipped: SklearnClassifier) -> None:

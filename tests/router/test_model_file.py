@@ -8,7 +8,8 @@ import pytest
 import sklearn
 import skops.io
 
-from router.classifier import MODEL_TEXT_VERSION, SklearnClassifier
+from router.classifier import MODEL_TEXT_VERSION
+from router.experts import MULTIPLE_CHOICE
 from router.features import PromptFeatures
 from router.model_file import (
     DEFAULT_MODEL_PATH,
@@ -20,8 +21,14 @@ from router.model_file import (
     load_classifier,
     save_classifier,
 )
+from router.sklearn_classifier import SklearnClassifier
 
-PROMPTS = ["What is the capital of France?", "Prove Fermat's little theorem.", ""]
+PROMPTS = [
+    "What is the capital of France?",
+    "Prove Fermat's little theorem.",
+    "",
+    "How many legs does a spider have?\nA. 6\nB. 8\nC. 10",
+]
 
 
 def _dump(path: Path, classifier: SklearnClassifier, **overrides: Any) -> Path:
@@ -30,7 +37,14 @@ def _dump(path: Path, classifier: SklearnClassifier, **overrides: Any) -> Path:
         "format_version": FORMAT_VERSION,
         "model_text_version": MODEL_TEXT_VERSION,
         "sklearn_version": sklearn.__version__,
-        "pipeline": classifier.pipeline,
+        "experts": {
+            name: {
+                "pipeline": expert.pipeline,
+                "scale": expert.output.scale,
+                "offset": expert.output.offset,
+            }
+            for name, expert in classifier.experts.items()
+        },
     }
     data.update(overrides)
     skops.io.dump(data, path)
@@ -54,6 +68,7 @@ def test_round_trip_keeps_scores_and_metadata(
     assert loaded.metadata["seed"] == 7
     assert loaded.metadata["sklearn_version"] == sklearn.__version__
     assert loaded.fast
+    assert loaded.experts[MULTIPLE_CHOICE].output == tiny_classifier.experts[MULTIPLE_CHOICE].output
     for prompt in PROMPTS:
         features = PromptFeatures.from_text(prompt)
         assert loaded.score(features) == pytest.approx(tiny_classifier.score(features), abs=1e-12)
@@ -116,6 +131,35 @@ class Sneaky:
 
     def __init__(self) -> None:
         self.payload = "x"
+
+
+def test_a_file_without_an_expert_is_refused(
+    tmp_path: Path, tiny_classifier: SklearnClassifier
+) -> None:
+    experts = {
+        name: {"pipeline": e.pipeline, "scale": e.output.scale, "offset": e.output.offset}
+        for name, e in tiny_classifier.experts.items()
+        if name != MULTIPLE_CHOICE
+    }
+    path = _dump(tmp_path / "m.skops", tiny_classifier, experts=experts)
+    with pytest.raises(ModelFileError, match="malformed"):
+        load_classifier(path)
+
+
+def test_a_format_1_file_of_one_pipeline_is_refused_with_retrain(
+    tmp_path: Path, tiny_classifier: SklearnClassifier
+) -> None:
+    open_pipeline = next(iter(tiny_classifier.experts.values())).pipeline
+    path = _dump(
+        tmp_path / "m.skops",
+        tiny_classifier,
+        format_version=1,
+        model_text_version=2,
+        pipeline=open_pipeline,
+        experts=None,
+    )
+    with pytest.raises(ModelVersionError, match="retrain"):
+        load_classifier(path)
 
 
 def test_untrusted_types_are_refused(tmp_path: Path, tiny_classifier: SklearnClassifier) -> None:

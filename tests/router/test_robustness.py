@@ -7,10 +7,11 @@ import random
 
 import pytest
 
-from router.classifier import HashedLinearClassifier, SklearnClassifier
+from router.classifier import HashedLinearClassifier
 from router.features import PromptFeatures
 from router.loader import load_serving_classifier
 from router.model_file import load_classifier
+from router.sklearn_classifier import SklearnClassifier
 
 
 @pytest.fixture(scope="module", params=["serving export", "skops"])

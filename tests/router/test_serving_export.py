@@ -21,7 +21,8 @@ from sklearn.pipeline import Pipeline
 from typer.testing import CliRunner
 
 from gateway.cli.main import app
-from router.classifier import HashedLinearClassifier, SklearnClassifier, model_text
+from router.classifier import HashedLinearClassifier
+from router.experts import EXPERTS, MULTIPLE_CHOICE, OPEN, PROBABILITY, expert_for
 from router.features import PromptFeatures
 from router.loader import load_serving_classifier
 from router.model_file import DEFAULT_MODEL_PATH, load_classifier, save_classifier
@@ -31,6 +32,7 @@ from router.serving_export import (
     read_serving_export,
     serving_export_path,
 )
+from router.sklearn_classifier import SklearnClassifier, SklearnExpert
 from router.training.data import load_rows
 from router.training.export import export_model_file, probe_texts
 from tests.router.conftest import DATA_DIR, EASY, HARD
@@ -105,8 +107,8 @@ def test_shipped_export_equals_the_pipeline_on_hundreds_of_texts(
 ) -> None:
     features = _varied_features()
     assert len(features) >= 300
-    texts = [model_text(f) for f in features]
-    reference = pipeline_classifier.pipeline.predict_proba(texts)[:, 1].tolist()
+    assert {expert_for(f) for f in features} == set(EXPERTS)
+    reference = pipeline_classifier.score_features(features)  # each pipeline's predict_proba
     scores = [exported.score(f) for f in features]
     worst = max(abs(s - r) for s, r in zip(scores, reference, strict=True))
     assert worst <= 1e-9
@@ -127,7 +129,9 @@ def test_shipped_export_is_of_the_shipped_skops_file(
     assert exported.threshold == pipeline_classifier.threshold
     for share in (0.0, 0.1, 0.37, 0.5, 1.0):
         assert exported.threshold_for_share(share) == pipeline_classifier.threshold_for_share(share)
-    assert [p["text"] for p in data["probes"]] == probe_texts()
+    for name in EXPERTS:
+        assert [p["text"] for p in data["probes"] if p["expert"] == name] == probe_texts()
+        assert exported.experts[name].output == pipeline_classifier.experts[name].output
 
 
 def test_the_start_up_loader_takes_the_shipped_export(caplog: pytest.LogCaptureFixture) -> None:
@@ -154,7 +158,7 @@ def _edit(model: Path, change: Callable[[dict[str, Any]], None]) -> None:
 
 
 def _words(data: dict[str, Any]) -> dict[str, Any]:
-    branch: dict[str, Any] = data["scorer"]["branches"][0]
+    branch: dict[str, Any] = data["experts"][OPEN]["branches"][0]
     return branch
 
 
@@ -190,7 +194,19 @@ def _nudge_a_probe(data: dict[str, Any]) -> None:
 
 
 def _other_intercept(data: dict[str, Any]) -> None:
-    data["scorer"]["intercept"] += 1e-6
+    data["experts"][OPEN]["intercept"] += 1e-6
+
+
+def _other_output_map(data: dict[str, Any]) -> None:
+    data["experts"][MULTIPLE_CHOICE]["scale"] = 2.5
+
+
+def _no_multiple_choice_expert(data: dict[str, Any]) -> None:
+    del data["experts"][MULTIPLE_CHOICE]
+
+
+def _no_probes_of_one_expert(data: dict[str, Any]) -> None:
+    data["probes"] = [p for p in data["probes"] if p["expert"] != MULTIPLE_CHOICE]
 
 
 def _other_source(data: dict[str, Any]) -> None:
@@ -219,6 +235,9 @@ TAMPERING = {
     "weights truncated": (_truncate_weights, "features"),
     "probe score off by 2e-9": (_nudge_a_probe, "probe 7"),
     "intercept changed": (_other_intercept, "probe"),
+    "output map changed": (_other_output_map, "score"),
+    "an expert missing": (_no_multiple_choice_expert, "no expert multiple_choice"),
+    "no probes of one expert": (_no_probes_of_one_expert, "no probe texts for multiple_choice"),
     "made from another skops file": (_other_source, "sha256 differs"),
     "another format version": (_other_format_version, "export format"),
     "no probes": (_no_probes, "no probe"),
@@ -279,7 +298,8 @@ def test_export_of_a_freshly_saved_model_round_trips(
     assert isinstance(loaded, HashedLinearClassifier)
     assert loaded.threshold == 0.5
     features = [PromptFeatures.from_text(t) for t in [*EASY, *HARD, *EDGE_CASES.values()]]
-    reference = tiny_classifier.score_texts([model_text(f) for f in features])
+    assert {expert_for(f) for f in features} == set(EXPERTS)
+    reference = tiny_classifier.score_features(features)
     assert [loaded.score(f) for f in features] == pytest.approx(reference, abs=1e-9)
 
 
@@ -289,7 +309,8 @@ def test_a_pipeline_the_scorer_cannot_reproduce_is_not_exported(tmp_path: Path) 
     )
     pipeline.fit(["easy one", "hard two", "easy three", "hard four"], [0, 1, 0, 1])
     model = tmp_path / "odd.skops"
-    save_classifier(SklearnClassifier(pipeline), model)
+    odd = SklearnExpert(pipeline, PROBABILITY)
+    save_classifier(SklearnClassifier({OPEN: odd, MULTIPLE_CHOICE: odd}), model)
     with pytest.raises(ServingExportError, match="does not reproduce"):
         export_model_file(model)
     assert not serving_export_path(model).exists()

@@ -6,11 +6,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from router.experts import MULTIPLE_CHOICE, OPEN
+from router.features import PromptFeatures
 from router.model_file import load_classifier
 from router.training import TrainConfig, evaluate, load_rows, train
 from router.training.data import Row, group_key, is_validation, question_stem
 from router.training.evaluate import choose_threshold, split_rows
-from router.training.labels import BothWrong, LabelScheme, needs_large, targets
+from router.training.labels import LabelScheme, expert_targets, needs_large, targets
 from tests.router.conftest import DATA_DIR
 
 
@@ -19,31 +21,43 @@ def mmlu(weak: bool, strong: bool) -> Row:
 
 
 @pytest.mark.parametrize(
-    ("row", "p", "weight"),
+    ("row", "p", "weight", "expert"),
     [
-        (mmlu(False, True), 1.0, 0.5),
-        (mmlu(True, True), 0.0, 0.5),
-        (mmlu(True, False), 0.0, 0.5),
-        (Row("v/1", "vicuna_bench", "How are you?"), 0.0, 5.0),
-        (Row("s/1", "self_instruct_seed_tasks", "Name a colour."), 0.0, 5.0),
-        (Row("a/1", "arena_hard_v0.1", "Write a compiler."), 0.7, 2.0),
-        (Row("a/2", "arena_hard_v2.0", "Write a sonnet.", category="creative_writing"), 0.5, 2.0),
-        (Row("g/1", "gsm8k_train", "2+2?", solution_steps=2), 0.05, 0.2),
-        (Row("g/2", "gsm8k_train", "long", solution_steps=9), 0.61, 0.2),
+        (mmlu(False, True), 1.0, 1.0, MULTIPLE_CHOICE),
+        (mmlu(True, True), 0.5, 1.0, MULTIPLE_CHOICE),
+        (mmlu(False, False), 0.5, 1.0, MULTIPLE_CHOICE),
+        (mmlu(True, False), 0.0, 1.0, MULTIPLE_CHOICE),
+        (Row("v/1", "vicuna_bench", "How are you?"), 0.0, 5.0, OPEN),
+        (Row("s/1", "self_instruct_seed_tasks", "Name a colour."), 0.0, 5.0, OPEN),
+        (Row("a/1", "arena_hard_v0.1", "Write a compiler."), 0.7, 2.0, OPEN),
+        (
+            Row("a/2", "arena_hard_v2.0", "Write a sonnet.", category="creative_writing"),
+            0.5,
+            2.0,
+            OPEN,
+        ),
+        (Row("g/1", "gsm8k_train", "2+2?", solution_steps=2), 0.05, 2.0, OPEN),
+        (Row("g/2", "gsm8k_train", "long", solution_steps=9), 0.61, 2.0, OPEN),
     ],
 )
-def test_label_scheme(row: Row, p: float, weight: float) -> None:
+def test_label_scheme(row: Row, p: float, weight: float, expert: str) -> None:
     (target,) = targets([row], LabelScheme())
     assert target.p == pytest.approx(p)
     assert target.weight == pytest.approx(weight)
+    assert target.expert == expert
 
 
-def test_both_wrong_is_dropped_by_default_or_labelled_zero() -> None:
-    row = mmlu(False, False)
-    assert targets([row], LabelScheme()) == []
-    (target,) = targets([row], LabelScheme(both_wrong=BothWrong.ZERO))
-    assert (target.p, target.weight) == (0.0, 0.25)
-    assert needs_large(row) is False
+def test_outcome_rows_teach_the_multiple_choice_expert_and_weak_labels_the_open_one() -> None:
+    rows = load_rows(DATA_DIR)[::50]
+    by_expert = expert_targets(rows, LabelScheme())
+    assert {t.row.source for t in by_expert[MULTIPLE_CHOICE]} == {"mmlu_pro"}
+    assert "mmlu_pro" not in {t.row.source for t in by_expert[OPEN]}
+    assert sum(map(len, by_expert.values())) == len(targets(rows, LabelScheme()))
+    # by source, not by the gate: most, not all, of the outcome rows have options it finds
+    found = [PromptFeatures.from_text(t.row.prompt).has_options for t in by_expert[MULTIPLE_CHOICE]]
+    assert 0.9 < sum(found) / len(found) < 1.0
+    assert needs_large(mmlu(False, True)) is True
+    assert needs_large(mmlu(False, False)) is False
     assert needs_large(Row("x", "vicuna_bench", "hi")) is None
 
 
@@ -84,13 +98,13 @@ def test_training_is_reproducible(tmp_path: Path) -> None:
     )
     second = train(DATA_DIR, tmp_path / "b.skops", seed=3, config=config)
     assert first.evaluation == second.evaluation
-    assert [s[0] for s in stages] == ["load", "features", "fit", "evaluate", "save", "done"]
+    assert [s[0] for s in stages] == ["load", "fit", "evaluate", "save", "done"]
     assert stages[-1][1] == stages[-1][2]
 
     a, b = load_classifier(first.model_path), load_classifier(second.model_path)
     assert a.threshold == b.threshold == first.threshold
-    prompts = [r.prompt for r in load_rows(DATA_DIR)[::500]]
-    assert a.score_texts(prompts) == b.score_texts(prompts)
+    features = [PromptFeatures.from_text(r.prompt) for r in load_rows(DATA_DIR)[::500]]
+    assert a.score_features(features) == b.score_features(features)
 
     card = json.loads(first.card_path.read_text("utf-8"))
     assert card["threshold"] == first.threshold
@@ -109,3 +123,28 @@ def test_evaluate_reproduces_the_shipped_card() -> None:
     )
     report = evaluate(classifier, DATA_DIR)
     assert report.to_dict() == card["metrics"]
+
+
+@pytest.mark.slow
+def test_tiergate_train_reproduces_the_shipped_model(tmp_path: Path) -> None:
+    """What a reviewer does from a clean clone: `tiergate train` gives the shipped card's
+    validation metrics and a model that scores as the shipped one does."""
+    from typer.testing import CliRunner
+
+    from gateway.cli.main import app
+
+    out = tmp_path / "complexity.skops"
+    result = CliRunner().invoke(app, ["train", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "MMLU-Pro APGR" in result.output
+    assert "GSM8K Spearman" in result.output
+    shipped_card = json.loads(
+        (Path(__file__).resolve().parents[2] / "router/models/complexity.json").read_text()
+    )
+    card = json.loads(out.with_suffix(".json").read_text("utf-8"))
+    assert card["metrics"] == shipped_card["metrics"]
+    assert card["config"] == shipped_card["config"]
+    features = [PromptFeatures.from_text(r.prompt) for r in load_rows(DATA_DIR)[::97]]
+    assert load_classifier(out).score_features(features) == pytest.approx(
+        load_classifier().score_features(features), abs=1e-12
+    )
