@@ -19,16 +19,17 @@ from gateway.api.error_docs import refusals
 from gateway.api.inflight import InflightRequests
 from gateway.api.openapi import chat_request_openapi
 from gateway.api.relay import RelayContext, RelayedError, json_response, sse_response
-from gateway.api.routing import plan_request
+from gateway.api.routing import live_signals, plan_request, request_priority
 from gateway.api.stream_idle import idle_limited
 from gateway.api.timeout import RequestDeadline
 from gateway.api.timing import StageClock
 from gateway.auth.access import AUTHENTICATED, access
-from gateway.auth.directory import prompts_loggable, tenant_priority
+from gateway.auth.directory import prompts_loggable
 from gateway.auth.principals import Principal
 from gateway.errors import ClientDisconnected, GatewayError, PermissionDenied
 from gateway.observability.logging import bind_request_id
 from gateway.queue.jobs import Job
+from gateway.queue.lanes import lane_of
 from gateway.rules.edge import capped_body, hold_conversation, rule_inputs
 from gateway.services import Services
 from router.plan import RoutePlan
@@ -87,11 +88,12 @@ async def chat_completions(
         inputs = await rule_inputs(
             services.rules, tenant, admitted, time_left_s=deadline.left_s(time.time())
         )
-        plan = plan_request(services, tenant, admitted, inputs)
+        priority = request_priority(services, tenant, admitted)
+        signals = live_signals(services, tenant, lane_of(priority))
+        plan = plan_request(services, tenant, admitted, inputs, signals=signals)
         await hold_conversation(services.rules, tenant, inputs, plan)
         observe_plan(services, tenant, plan, time.perf_counter() - routed_at)
         clock.lap("route")
-        policy_priority = tenant_priority(services.settings, services.policies, tenant)
         job = Job(
             request_id=request_id,
             tenant=tenant,
@@ -105,7 +107,7 @@ async def chat_completions(
             received_at=received_at,
             app=admitted.meta.app,
             tags=admitted.meta.tags,
-            priority=plan.priority or admitted.meta.priority or policy_priority,
+            priority=plan.priority or priority,
             idempotency_key=admitted.meta.idempotency_key,
             conversation=inputs.context.conversation,
             traceparent=services.tracing.traceparent(),

@@ -13,7 +13,7 @@ from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, Unkno
 from router.plan import RoutePlan
 from router.planner import decide
 
-__all__ = ["live_signals", "plan_request", "request_lane", "routing_error"]
+__all__ = ["live_signals", "plan_request", "request_lane", "request_priority", "routing_error"]
 
 
 def routing_error(exc: RoutingError) -> GatewayError:
@@ -26,11 +26,15 @@ def routing_error(exc: RoutingError) -> GatewayError:
     return GatewayError(exc.message)
 
 
+def request_priority(services: Services, tenant: str, admitted: Admitted) -> str:
+    """The request's priority unless a rule sets one: its own ``x-tiergate-priority``, else its
+    tenant's default."""
+    return admitted.meta.priority or tenant_priority(services.settings, services.policies, tenant)
+
+
 def request_lane(services: Services, tenant: str, admitted: Admitted) -> str:
-    """The lane the request's job waits in unless a rule sets its priority: its own
-    ``x-tiergate-priority``, else its tenant's default."""
-    meta = admitted.meta.priority
-    return lane_of(meta or tenant_priority(services.settings, services.policies, tenant))
+    """The lane the request's job waits in unless a rule sets its priority."""
+    return lane_of(request_priority(services, tenant, admitted))
 
 
 def live_signals(services: Services, tenant: str, lane: str) -> Signals:

@@ -153,10 +153,6 @@ class QueueSnapshot:
     def expected_wait(self, tier: str) -> float:
         return self.view(tier).expected_wait_s
 
-    def expected_waits(self) -> dict[Tier, float]:
-        known = {t.value for t in Tier}
-        return {Tier(t): v.expected_wait_s for t, v in self._views.items() if t in known}
-
     def start_waits(self, lane: str, tenant: str, weight: float = 1.0) -> dict[Tier, float]:
         """Per tier, when a new job of ``tenant`` in ``lane`` would start (``start_in``): the
         wait that request would see, not the whole tier's queue."""

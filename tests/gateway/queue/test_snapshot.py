@@ -31,7 +31,7 @@ async def test_expected_wait_and_gauges(redis_conn: aioredis.Redis, key_prefix: 
     }
     snapshot = QueueSnapshot(redis_conn, keys, tiers)
     await snapshot.refresh()
-    assert snapshot.expected_waits() == {Tier.SMALL: 0.0}  # idle: no wait
+    assert snapshot.expected_wait("small") == 0.0  # idle: no wait
     assert snapshot.service_times() == {Tier.SMALL: 1.0}  # none published yet: the default
 
     q = LaneQueue(redis_conn, keys)
@@ -48,7 +48,7 @@ async def test_expected_wait_and_gauges(redis_conn: aioredis.Redis, key_prefix: 
     assert view.depth == {"interactive": 1, "standard": 0, "batch": 4}
     assert view.held == 2
     # 5 waiting + 1 beyond a full tier, 2 s each, 2 slots: 6 s
-    assert snapshot.expected_waits()[Tier.SMALL] == pytest.approx(6.0)
+    assert snapshot.expected_wait("small") == pytest.approx(6.0)
     assert snapshot.service_times() == {Tier.SMALL: 2.0}  # what deadline spill-over reads
     assert 0.0 <= view.oldest_age_s["batch"] < time.time() - before + 1.0
 
