@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from router.experts import EXPERTS, Output, expert_for
+from router.experts import Output, expert_for, missing_experts
 from router.features import PromptFeatures, clip
 from router.scorer import HashedLinearScorer
 
@@ -217,9 +217,8 @@ class HashedLinearClassifier(ModelMetadata):
     def __init__(
         self, experts: Mapping[str, HashedExpert], *, metadata: dict[str, Any] | None = None
     ) -> None:
-        missing = set(EXPERTS) - set(experts)
-        if missing:
-            raise ValueError(f"no expert {', '.join(sorted(missing))}")
+        if (missing := missing_experts(experts)) is not None:
+            raise ValueError(missing)
         super().__init__(metadata)
         self.experts = dict(experts)
 

@@ -26,11 +26,21 @@ Pure: no I/O, no state.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from router.features import PromptFeatures
 
-__all__ = ["EXPERTS", "GAIN", "MULTIPLE_CHOICE", "OPEN", "PROBABILITY", "Output", "expert_for"]
+__all__ = [
+    "EXPERTS",
+    "GAIN",
+    "MULTIPLE_CHOICE",
+    "OPEN",
+    "PROBABILITY",
+    "Output",
+    "expert_for",
+    "missing_experts",
+]
 
 MULTIPLE_CHOICE = "multiple_choice"
 OPEN = "open"
@@ -40,6 +50,12 @@ EXPERTS = (MULTIPLE_CHOICE, OPEN)
 def expert_for(features: PromptFeatures) -> str:
     """The expert that scores a prompt: ``multiple_choice`` when it has options, else ``open``."""
     return MULTIPLE_CHOICE if features.has_options else OPEN
+
+
+def missing_experts(names: Iterable[str]) -> str | None:
+    """The experts ``names`` lacks, as an error message (``"no expert …"``), or ``None``."""
+    missing = set(EXPERTS) - set(names)
+    return f"no expert {', '.join(sorted(missing))}" if missing else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from router.classifier import (
     HashedExpert,
     HashedLinearClassifier,
 )
-from router.experts import EXPERTS, Output
+from router.experts import EXPERTS, Output, missing_experts
 from router.model_file import ModelFileError
 from router.scorer import HashedBranch, HashedLinearScorer, HashingSpec
 
@@ -266,9 +266,8 @@ def read_serving_export(path: Path, *, model_path: Path) -> HashedLinearClassifi
         if not isinstance(data, dict):
             raise ServingExportError("not a JSON object")
         _check_header(data, model_path)
-        missing = set(EXPERTS) - set(data["experts"])
-        if missing:
-            raise ServingExportError(f"no expert {', '.join(sorted(missing))}")
+        if (missing := missing_experts(data["experts"])) is not None:
+            raise ServingExportError(missing)
         experts = {name: _decode_expert(data["experts"][name]) for name in EXPERTS}
         _check_probes(experts, data["probes"])
         metadata = data["metadata"]

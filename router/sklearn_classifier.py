@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from router.classifier import META_PREFIX, META_TOKEN_PATTERN, ModelMetadata, model_text
-from router.experts import EXPERTS, Output, expert_for
+from router.experts import Output, expert_for, missing_experts
 from router.features import PromptFeatures
 from router.scorer import HashedBranch, HashedLinearScorer, HashingSpec
 
@@ -151,9 +151,8 @@ class SklearnClassifier(ModelMetadata):
     def __init__(
         self, experts: Mapping[str, SklearnExpert], *, metadata: dict[str, Any] | None = None
     ) -> None:
-        missing = set(EXPERTS) - set(experts)
-        if missing:
-            raise ValueError(f"no expert {', '.join(sorted(missing))}")
+        if (missing := missing_experts(experts)) is not None:
+            raise ValueError(missing)
         super().__init__(metadata)
         self.experts = dict(experts)
 
