@@ -59,7 +59,7 @@ _MATH_WORDS = (
     "factorial",
 )
 _MATH_WORD = re.compile(rf"\b(?:{'|'.join(_MATH_WORDS)})(?:s|es|d|ed|n)?\b")
-_OPTION = re.compile(r"\n[ \t]*\(?([A-J])[.)][ \t]+(\S[^\n]*)")
+_OPTION = re.compile(r"\n[ \t]*\(?([A-J])[.):][ \t]+(\S[^\n]*)")
 _UNITS = frozenset(
     {
         "m",
@@ -186,7 +186,8 @@ class Options:
 
 
 def find_options(text: str) -> Options:
-    """The run of option lines A., B., C., … (at least two) and the question stem before it."""
+    """The run of option lines ``A.``, ``B.``, ``C.``, … (or ``A)``, ``(A)``, ``A:``; at least
+    two) and the question stem before it."""
     padded = "\n" + text
     run: list[str] = []
     start = -1

@@ -15,6 +15,8 @@ from router.features import PromptFeatures
     [
         ("Which gas?\nA. Oxygen\nB. Nitrogen", MULTIPLE_CHOICE),
         ("Pick one:\n(A) 22.2 m/s\n(B) 80 m/s\n(C) 33.3 m/s", MULTIPLE_CHOICE),
+        ("Which is prime?\nA: 21\nB: 23\nC: 25", MULTIPLE_CHOICE),
+        ("Q: what is 2 + 2?\nA: 4", OPEN),  # a question and its answer are not options
         ("Which gas?\nA. Oxygen", OPEN),  # one option is not a choice
         ("Natalia sold clips to 48 of her friends in April. How many in all?", OPEN),
         ("Write a haiku about spring", OPEN),
