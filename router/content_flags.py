@@ -137,6 +137,7 @@ _UNITS = frozenset(
     }
 )
 """Unit symbols that make a number a quantity (``_QUANTITY``), case-sensitive."""
+_DIGIT = re.compile(r"\d")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _SENTENCE_END = re.compile(r"[.?!](?:\s|$)")
 _QUANTITY = re.compile(r"(\d)[ \t]?(°[CF]?|[%$Ωµμ]|[A-Za-z]{1,4}\b)")
@@ -154,6 +155,15 @@ _ASCII_NON_LETTERS = bytes(b for b in range(128) if not chr(b).isalpha())
 
 def _any_of(chars: str, text: str) -> bool:
     return any(char in text for char in chars)
+
+
+def _has_digit(text: str) -> bool:
+    """Whether ``\\d`` matches in ``text``: ten substring searches for an ASCII text (about
+    2 µs at 1,500 characters, where a Python loop over its characters took 55 µs and the
+    regex 19 µs), the regex for any other."""
+    if _any_of("0123456789", text):
+        return True
+    return not text.isascii() and _DIGIT.search(text) is not None
 
 
 def has_code(text: str) -> bool:
@@ -209,14 +219,14 @@ def find_options(text: str) -> Options:
 
 def quantities(text: str) -> int:
     """Numbers followed by a unit (``5 kg``, ``3.2 m``, ``20%``, ``100 °C``)."""
-    if not any(char.isdigit() for char in text):
+    if not _has_digit(text):
         return 0
     return sum(1 for match in _QUANTITY.finditer(text) if match.group(2) in _UNITS)
 
 
 def numbers(text: str) -> int:
     """Numbers written with digits (``12``, ``3.5``, ``1,200``: one each)."""
-    return len(_NUMBER.findall(text))
+    return len(_NUMBER.findall(text)) if _has_digit(text) else 0
 
 
 def sentences(text: str) -> int:

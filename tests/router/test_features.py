@@ -4,6 +4,7 @@ from typing import Any
 
 import pytest
 
+from router.content_flags import numbers, quantities, sentences
 from router.features import (
     MESSAGE_OVERHEAD_TOKENS,
     PROMPT_OVERHEAD_TOKENS,
@@ -228,3 +229,26 @@ def test_flags_look_only_at_the_scan_window() -> None:
     assert PromptFeatures.from_text("x " * 5_000 + code).has_code  # in the tail
     assert PromptFeatures.from_text(code + "x " * 5_000).has_code  # in the head
     assert not PromptFeatures.from_text("x " * 1_000 + code + "x " * 1_000).has_code
+
+
+@pytest.mark.parametrize(
+    ("text", "n_numbers", "n_quantities"),
+    [
+        ("no digits at all, only words", 0, 0),
+        ("x² and ³ are superscripts, not digits", 0, 0),
+        ("Tom has 12 apples and 3.5 kg of flour; 1,200 g in all", 3, 2),
+        ("٣ kg of rice and ٤٥ apples", 2, 1),  # Arabic-Indic digits are digits too
+        ("a" * 5_000 + " 7 m", 1, 1),
+    ],
+)
+def test_numbers_and_quantities(text: str, n_numbers: int, n_quantities: int) -> None:
+    assert numbers(text) == n_numbers
+    assert quantities(text) == n_quantities
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [("", 0), ("One. Two? Three!", 3), ("v1.2 is out", 0), ("Ends with a dot.", 1), ("a.\nb.", 2)],
+)
+def test_sentence_ends(text: str, count: int) -> None:
+    assert sentences(text) == count
