@@ -86,8 +86,9 @@ from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import GroupKFold
 
 from router.classifier import model_text, size_tokens
+from router.content_flags import find_options
 from router.experts import GAIN, MULTIPLE_CHOICE, OPEN, PROBABILITY, expert_for
-from router.features import PromptFeatures
+from router.features import PromptFeatures, StemSize, clip
 from router.training.apgr import cost_quality_curve, router_metrics
 from router.training.data import Row, group_key, load_rows
 from router.training.evaluate import split_rows
@@ -138,7 +139,8 @@ def everywhere_text(features: PromptFeatures) -> str:
     if not features.has_options:
         return text
     head, _, rest = text.partition("\n")
-    return " ".join([head, *size_tokens(features)]) + "\n" + rest
+    size = StemSize.of(find_options(clip(features.last_user_text)).stem)
+    return " ".join([head, *size_tokens(size)]) + "\n" + rest
 
 
 def v2_target(row: Row) -> tuple[float, float] | None:

@@ -27,10 +27,10 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from router.experts import Output, expert_for, missing_experts
-from router.features import PromptFeatures, clip
+from router.features import PromptFeatures, StemSize, clip
 from router.scorer import HashedLinearScorer
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "MODEL_TEXT_VERSION",
     "CalibratedClassifier",
     "Classifier",
+    "ExpertModel",
     "HashedExpert",
     "HashedLinearClassifier",
     "ModelMetadata",
@@ -132,21 +133,21 @@ def _word_bucket(words: int) -> int:
     return min(16, int(2 * math.log2(words)) - 3)
 
 
-def size_tokens(features: PromptFeatures) -> list[str]:
+def size_tokens(size: StemSize) -> list[str]:
     """How much a question asks (version 3): numbers written with digits (0 … 12 or more),
     words (half-doubling buckets) and sentences (0 … 10 or more) in the question stem.
 
     A maths word problem's solution grows with the quantities and facts it gives: with these
     the open expert follows GSM8K's solution step counts far better than prompt length does
-    (docs/classifier.md, round 4). ``meta_tokens`` leaves them out of a multiple-choice
-    question's text: there they cost the multiple-choice expert's ranking a little, and its
+    (docs/classifier.md, round 4). A multiple-choice question's text has none (its features
+    carry no ``size``): there they cost the multiple-choice expert's ranking a little, and its
     size is told by the shape tokens.
     """
     p = META_PREFIX
     return [
-        f"{p}nn{min(features.numbers, 12)}",
-        f"{p}wc{_word_bucket(features.stem_words)}",
-        f"{p}ss{min(features.sentences, 10)}",
+        f"{p}nn{min(size.numbers, 12)}",
+        f"{p}wc{_word_bucket(size.words)}",
+        f"{p}ss{min(size.sentences, 10)}",
     ]
 
 
@@ -159,8 +160,8 @@ def meta_tokens(features: PromptFeatures) -> str:
     tokens.append(f"{p}opts{min(features.n_options, 10)}")
     tokens.append(f"{p}{features.script}")
     tokens.extend(shape_tokens(features))
-    if not features.has_options:
-        tokens.extend(size_tokens(features))
+    if features.size is not None:
+        tokens.extend(size_tokens(features.size))
     return " ".join(tokens)
 
 
@@ -199,6 +200,9 @@ class ModelMetadata:
         return threshold_for_share(self._share_curve, share)
 
 
+E = TypeVar("E")
+
+
 @dataclass(frozen=True, slots=True)
 class HashedExpert:
     """One expert as served: its hashed scorer (text → fitted probability) and output map."""
@@ -207,20 +211,24 @@ class HashedExpert:
     output: Output
 
 
-class HashedLinearClassifier(ModelMetadata):
-    """The serving classifier: per expert the pure hashed scorer (``router.scorer``) and its
-    output map, and the model's metadata, as read from the serving export
-    (``router.serving_export``). Needs neither scikit-learn nor numpy."""
+class ExpertModel(ModelMetadata, Generic[E]):
+    """A model's experts (one for each name in ``router.experts.EXPERTS``) and its metadata."""
 
     __slots__ = ("experts",)
 
-    def __init__(
-        self, experts: Mapping[str, HashedExpert], *, metadata: dict[str, Any] | None = None
-    ) -> None:
+    def __init__(self, experts: Mapping[str, E], *, metadata: dict[str, Any] | None = None) -> None:
         if (missing := missing_experts(experts)) is not None:
             raise ValueError(missing)
         super().__init__(metadata)
         self.experts = dict(experts)
+
+
+class HashedLinearClassifier(ExpertModel[HashedExpert]):
+    """The serving classifier: per expert the pure hashed scorer (``router.scorer``) and its
+    output map, and the model's metadata, as read from the serving export
+    (``router.serving_export``). Needs neither scikit-learn nor numpy."""
+
+    __slots__ = ()
 
     def score(self, features: PromptFeatures) -> float:
         expert = self.experts[expert_for(features)]

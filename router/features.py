@@ -50,6 +50,7 @@ __all__ = [
     "TAIL_CHARS",
     "Message",
     "PromptFeatures",
+    "StemSize",
     "clip",
     "definition_tokens",
     "estimate_request_tokens",
@@ -217,6 +218,22 @@ def estimate_request_tokens(body: Mapping[str, Any]) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class StemSize:
+    """How much a question asks: what the size tokens (``router.classifier.size_tokens``) read."""
+
+    numbers: int
+    """Numbers written with digits (``12``, ``3.5``, ``1,200``)."""
+    words: int
+    """White-space separated words."""
+    sentences: int
+    """Sentence ends (``.``, ``?``, ``!`` before white space or the end)."""
+
+    @classmethod
+    def of(cls, stem: str) -> StemSize:
+        return cls(numbers=numbers(stem), words=len(stem.split()), sentences=sentences(stem))
+
+
+@dataclass(frozen=True, slots=True)
 class PromptFeatures:
     """What the router knows about one request's prompt. Build with ``from_messages``."""
 
@@ -248,12 +265,9 @@ class PromptFeatures:
     root, integral, sum and pi signs."""
     question_marks: int = 0
     """``?`` in the question stem."""
-    numbers: int = 0
-    """Numbers written with digits in the question stem (``12``, ``3.5``, ``1,200``)."""
-    stem_words: int = 0
-    """White-space separated words in the question stem."""
-    sentences: int = 0
-    """Sentence ends (``.``, ``?``, ``!`` before white space or the end) in the question stem."""
+    size: StemSize | None = None
+    """How much a message without options asks; ``None`` for one with options, whose expert
+    does not read it (``router.experts``), so the request path does not count it."""
 
     @property
     def has_options(self) -> bool:
@@ -300,9 +314,7 @@ class PromptFeatures:
             quantities=quantities(stem),
             formula_chars=sum(stem.count(char) for char in FORMULA_CHARS),
             question_marks=stem.count("?"),
-            numbers=numbers(stem),
-            stem_words=len(stem.split()),
-            sentences=sentences(stem),
+            size=None if options.lengths else StemSize.of(stem),
         )
 
     @classmethod

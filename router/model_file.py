@@ -161,13 +161,11 @@ def load_classifier(path: Path | None = None) -> SklearnClassifier:
     _check(path, data)
     metadata = {key: value for key, value in data.items() if key != "experts"}
     try:
+        stored = data["experts"]
         experts = {
             name: SklearnExpert(
-                data["experts"][name]["pipeline"],
-                Output(
-                    scale=float(data["experts"][name]["scale"]),
-                    offset=float(data["experts"][name]["offset"]),
-                ),
+                stored[name]["pipeline"],
+                Output(scale=float(stored[name]["scale"]), offset=float(stored[name]["offset"])),
             )
             for name in EXPERTS
         }

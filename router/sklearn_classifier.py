@@ -11,11 +11,11 @@ Nothing here imports scikit-learn: the fitted objects' attributes are read as th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from router.classifier import META_PREFIX, META_TOKEN_PATTERN, ModelMetadata, model_text
-from router.experts import Output, expert_for, missing_experts
+from router.classifier import META_PREFIX, META_TOKEN_PATTERN, ExpertModel, model_text
+from router.experts import Output, expert_for
 from router.features import PromptFeatures
 from router.scorer import HashedBranch, HashedLinearScorer, HashingSpec
 
@@ -143,18 +143,10 @@ class SklearnExpert:
         return self.output(self.probability(text))
 
 
-class SklearnClassifier(ModelMetadata):
+class SklearnClassifier(ExpertModel[SklearnExpert]):
     """The experts' fitted pipelines as a ``Classifier``, with the model's metadata."""
 
-    __slots__ = ("experts",)
-
-    def __init__(
-        self, experts: Mapping[str, SklearnExpert], *, metadata: dict[str, Any] | None = None
-    ) -> None:
-        if (missing := missing_experts(experts)) is not None:
-            raise ValueError(missing)
-        super().__init__(metadata)
-        self.experts = dict(experts)
+    __slots__ = ()
 
     @property
     def fast(self) -> bool:

@@ -3,9 +3,8 @@
 ``export_model_file(model_path)`` loads the skops file with scikit-learn (types and version
 checked), takes each expert's hashed scorer verified against its pipeline, scores the probe
 texts with each pipeline itself (``predict_proba``) and writes ``<model>.serving.json`` beside
-it. Training
-calls it after saving the model; ``tiergate train --export-only`` calls it for an existing
-file. It refuses to write an export that does not reproduce the pipeline within 1e-9.
+it. Training calls it after saving the model; ``tiergate train --export-only`` calls it for an
+existing file. It refuses to write an export that does not reproduce a pipeline within 1e-9.
 """
 
 from __future__ import annotations
