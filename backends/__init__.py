@@ -2,7 +2,8 @@
 
 The adapters are loaded when first named (``backends.VLLMBackend``) or built through
 ``make_backend``, so importing the wire types (as ``router/`` does) stays cheap and never
-imports aiohttp or litellm.
+imports aiohttp or litellm. ``ScriptedBackend`` (``backends.scripted``) answers from a script,
+for tests of code that talks to a backend.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from backends.types import ChatChunk, ChatRequest, ChatResponse, Usage
 if TYPE_CHECKING:
     from backends.litellm_backend import LiteLLMBackend
     from backends.openai_http import VLLMBackend
+    from backends.scripted import ScriptedBackend
 
 __all__ = [
     "BACKENDS",
@@ -46,6 +48,7 @@ __all__ = [
     "ChatResponse",
     "ContextLengthExceeded",
     "LiteLLMBackend",
+    "ScriptedBackend",
     "Usage",
     "VLLMBackend",
     "backend_class",
@@ -56,6 +59,7 @@ __all__ = [
 _LAZY = {
     "VLLMBackend": "backends.openai_http:VLLMBackend",
     "LiteLLMBackend": "backends.litellm_backend:LiteLLMBackend",
+    "ScriptedBackend": "backends.scripted:ScriptedBackend",
 }
 
 

@@ -18,6 +18,8 @@ The HTTP client's exceptions are translated into this tree in exactly one place
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "BackendConnectError",
     "BackendError",
@@ -32,8 +34,17 @@ __all__ = [
 ]
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""NUL and lone surrogates: a backend's message is text from outside, and ends up in the ledger
+(an attempt's ``error``), which PostgreSQL cannot store with either."""
+
+
 class BackendError(Exception):
-    """A failure calling a backend. ``status`` is the HTTP status the backend sent, if any."""
+    """A failure calling a backend. ``status`` is the HTTP status the backend sent, if any;
+    ``code`` the provider's own error code when it sent a string one
+    (``context_length_exceeded``, ``content_policy_violation``); ``message`` has NUL and lone
+    surrogates replaced with U+FFFD and, unlike ``str()``, does not name the backend (the
+    replica, an internal name)."""
 
     retryable: bool = True
     kind: str = "backend_error"
@@ -45,12 +56,15 @@ class BackendError(Exception):
         backend: str = "",
         status: int | None = None,
         retry_after: float | None = None,
+        code: str | None = None,
     ) -> None:
+        message = _UNSTORABLE.sub("\ufffd", message)
         super().__init__(message)
         self.message = message
         self.backend = backend
         self.status = status
         self.retry_after = retry_after
+        self.code = code
 
     def __str__(self) -> str:
         where = f"[{self.backend}] " if self.backend else ""

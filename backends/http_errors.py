@@ -76,6 +76,7 @@ __all__ = [
 ]
 
 _MAX_MESSAGE = 1000
+_MAX_CODE = 64
 _CONTEXT_RE = re.compile(
     r"maximum context length|maximum model length|context_length_exceeded|context window",
     re.IGNORECASE,
@@ -126,6 +127,8 @@ def error_from_status(
     """Classify an error by HTTP status (see the table in the module docstring)."""
     message = message[:_MAX_MESSAGE] or f"HTTP {status}"
     kw: dict[str, Any] = {"backend": backend, "status": status}
+    if isinstance(code, str) and code and len(code) <= _MAX_CODE:  # vLLM's is the status
+        kw["code"] = code
     if status == 429:
         return BackendRateLimited(message, retry_after=retry_after, **kw)
     if status >= 500:

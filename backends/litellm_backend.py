@@ -20,7 +20,9 @@ chunks (counted while we wait), ``total_s`` for the call (capped by ``ChatReques
 each enforced on our side. ``connect_s`` is not enforced separately (the client litellm builds
 takes one number); the first-token and total deadlines bound the connect. litellm ends a cut
 stream with a ``finish_reason`` it makes up; we check that the provider sent one and raise
-``BackendStreamCut`` when it did not.
+``BackendStreamCut`` when it did not. A non-streamed answer arrives whole, so its
+``first_byte_s`` bounds the call. ``ChatRequest.first_token_s`` / ``stall_s`` override these
+for one call (``math.inf``: none).
 
 Only OpenAI chat parameters are passed to litellm as arguments; every other body field goes in
 ``extra_body``, sent to the provider as is. A client can therefore never set litellm's own
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Mapping
 from types import ModuleType
@@ -41,7 +44,7 @@ import aiohttp
 from backends.errors import BackendProtocolError, BackendStreamCut
 from backends.http_errors import error_from_litellm
 from backends.openai_http import StreamClock, forwarded_headers, has_finish_reason, host_port
-from backends.types import ChatChunk, ChatRequest, ChatResponse, Usage
+from backends.types import ChatChunk, ChatRequest, ChatResponse, Usage, stream_options_with_usage
 
 __all__ = ["OPENAI_CHAT_PARAMS", "LiteLLMBackend", "load_litellm"]
 
@@ -113,6 +116,7 @@ class LiteLLMBackend:
         first_token_s: float = 60.0,
         stall_s: float = 30.0,
         total_s: float = 600.0,
+        first_byte_s: float | None = None,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
         self._litellm = load_litellm()
@@ -126,6 +130,7 @@ class LiteLLMBackend:
         self._first_token_s = first_token_s
         self._stall_s = stall_s
         self._total_s = total_s
+        self._first_byte_s = math.inf if first_byte_s is None else first_byte_s
 
     @property
     def name(self) -> str:
@@ -161,9 +166,7 @@ class LiteLLMBackend:
         if extra:
             kwargs["extra_body"] = extra
         if stream:
-            options = body.get("stream_options")
-            base = options if isinstance(options, Mapping) else {}
-            kwargs["stream_options"] = {**base, "include_usage": True}
+            kwargs["stream_options"] = stream_options_with_usage(body)
         kwargs.update(
             model=self._model,
             messages=body.get("messages", []),
@@ -187,15 +190,20 @@ class LiteLLMBackend:
     async def chat(self, request: ChatRequest) -> ChatResponse:
         loop = asyncio.get_running_loop()
         total_s = self._total_s_for(request)
+        # A hosted API sends its first byte with the whole answer: the first-byte limit is the
+        # call's limit.
+        first_byte_s = request.first_token_s
+        if first_byte_s is None:
+            first_byte_s = self._first_byte_s
+        waiting_for = f"the response ({total_s:g}s total)"
+        if first_byte_s < total_s:
+            total_s, waiting_for = first_byte_s, f"the response's first byte ({first_byte_s:g}s)"
         try:
             async with asyncio.timeout_at(loop.time() + total_s):
                 response = await self._litellm.acompletion(**self._kwargs(request, stream=False))
         except Exception as exc:  # every litellm failure is translated, none escapes
             raise error_from_litellm(
-                exc,
-                backend=self._name,
-                stream_started=False,
-                waiting_for=f"the response ({total_s:g}s total)",
+                exc, backend=self._name, stream_started=False, waiting_for=waiting_for
             ) from exc
         body = _dump(response)
         if body is None:
@@ -205,8 +213,10 @@ class LiteLLMBackend:
     async def stream(self, request: ChatRequest) -> AsyncIterator[ChatChunk]:
         clock = StreamClock(
             asyncio.get_running_loop(),
-            first_token_s=self._first_token_s,
-            stall_s=self._stall_s,
+            first_token_s=(
+                self._first_token_s if request.first_token_s is None else request.first_token_s
+            ),
+            stall_s=self._stall_s if request.stall_s is None else request.stall_s,
             total_s=self._total_s_for(request),
         )
         try:
@@ -283,10 +293,27 @@ def _empty_choice(choice: Mapping[str, Any]) -> bool:
     return not choice.get("finish_reason") and not any(delta.values())
 
 
+_LITELLM_ONLY = "provider_specific_fields"
+"""litellm's own field, on the response, each choice and each message or delta: what the
+provider said beyond OpenAI's schema, in litellm's words. Not OpenAI's wire format, and not the
+client's business (which provider answered is tiergate's to tell, in ``x-tiergate-model``)."""
+
+
 def _dump(obj: Any) -> dict[str, Any] | None:
-    """litellm's pydantic response objects as plain JSON-ready dicts."""
+    """litellm's pydantic response objects as plain JSON-ready dicts, in OpenAI's shape
+    (without ``provider_specific_fields``)."""
     dump = getattr(obj, "model_dump", None)
     if dump is None:
         return None
     data = dump()
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    data.pop(_LITELLM_ONLY, None)
+    choices = data.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if isinstance(choice, dict):
+            choice.pop(_LITELLM_ONLY, None)
+            for part in ("message", "delta"):
+                if isinstance(choice.get(part), dict):
+                    choice[part].pop(_LITELLM_ONLY, None)
+    return data

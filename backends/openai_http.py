@@ -8,19 +8,25 @@ Deadlines (event-loop clock; ``BackendTimeout`` says which one expired):
 
     connect_s       opening a new TCP connection (aiohttp ``sock_connect``)
     first_token_s   stream: from the start until the first chunk (covers vLLM's queueing and
-                    prefill); ``chat`` has no first token and uses only ``total_s``
+                    prefill)
+    first_byte_s    ``chat``: from the start until the response's status line (vLLM sends it
+                    with the whole answer); ``None``: only ``total_s``
     stall_s         stream: longest silence between two chunks, counted while this generator
                     waits for the backend (not while the consumer holds a chunk)
     total_s         the whole call, capped by ``ChatRequest.timeout_s`` when that is set
 
+``ChatRequest.first_token_s`` (first chunk or first byte) and ``ChatRequest.stall_s`` override
+the backend's own for one call (``math.inf``: no such limit).
+
 A stream that ends before a chunk with a ``finish_reason`` or ``data: [DONE]`` raises
 ``BackendStreamCut``; an error event inside it raises what the same body would as a response.
-Streams always ask for ``stream_options.include_usage`` (the last chunk then carries the usage
-billing needs) and vLLM's ``continuous_usage_stats`` (every chunk carries the usage so far, so a
-stream that breaks still says what it cost: its prompt tokens and the completion tokens up to
-the break). Each chunk's usage is in ``ChatChunk.usage``; it is left in the chunk's ``data``
-only when the caller asked for continuous usage itself. Non-streamed requests drop
-``stream_options``, which vLLM rejects there.
+Streams always ask for ``stream_options.include_usage`` (``stream_options_with_usage``: the
+last chunk then carries the usage billing needs) and vLLM's ``continuous_usage_stats`` (every
+chunk carries the usage so far, so a stream that breaks still says what it cost: its prompt
+tokens and the completion tokens up to the break). Each chunk's usage is in
+``ChatChunk.usage``; it is left in the chunk's ``data`` only when the caller asked for
+continuous usage itself. Non-streamed requests drop ``stream_options``, which vLLM rejects
+there.
 
 Consumers of ``stream`` that stop early should close the generator (``contextlib.aclosing``):
 that closes the connection, which makes vLLM abort the request.
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -40,7 +47,13 @@ from yarl import URL
 from backends.errors import BackendProtocolError, BackendStreamCut
 from backends.http_errors import error_from_aiohttp, error_from_payload, error_from_response
 from backends.sse import DONE, SSEDecoder
-from backends.types import ChatChunk, ChatRequest, ChatResponse, Usage
+from backends.types import (
+    ChatChunk,
+    ChatRequest,
+    ChatResponse,
+    Usage,
+    stream_options_with_usage,
+)
 
 __all__ = [
     "StreamClock",
@@ -55,9 +68,6 @@ _log = logging.getLogger(__name__)
 _CLIENT_ERRORS = (aiohttp.ClientError, OSError)  # OSError includes TimeoutError
 _SSE_TYPE = "text/event-stream"
 _DRAIN_S = 0.25  # how long to wait for the end of a body after [DONE]
-_USAGE_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
-"""What a stream asks of ``stream_options`` (over the caller's): usage at the end and in
-every chunk."""
 
 
 def chat_completions_url(base_url: str) -> URL:
@@ -88,9 +98,11 @@ class VLLMBackend:
         first_token_s: float = 60.0,
         stall_s: float = 30.0,
         total_s: float = 600.0,
+        first_byte_s: float | None = None,
     ) -> None:
         self._name = name
         self._url = chat_completions_url(base_url)
+        self._embeddings_url = self._url.with_path(self._url.path.rsplit("/", 2)[0] + "/embeddings")
         self._session = session
         self._owns_session = False  # True only when made by ``create``
         self._headers: dict[str, str] = {"Content-Type": "application/json"}
@@ -100,6 +112,7 @@ class VLLMBackend:
         self._first_token_s = first_token_s
         self._stall_s = stall_s
         self._total_s = total_s
+        self._first_byte_s = math.inf if first_byte_s is None else first_byte_s
         self._client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_s)
 
     @classmethod
@@ -136,11 +149,13 @@ class VLLMBackend:
     def _payload(self, request: ChatRequest, *, stream: bool) -> bytes:
         body = dict(request.body)
         body["model"] = request.model
+        if request.endpoint == "embeddings":
+            return orjson.dumps(body)
         body["stream"] = stream
         if stream:
-            options = body.get("stream_options")
-            base = options if isinstance(options, Mapping) else {}
-            body["stream_options"] = {**base, **_USAGE_OPTIONS}
+            # Usage at the end (``stream_options_with_usage``) and in every chunk.
+            options = stream_options_with_usage(body)
+            body["stream_options"] = {**options, "continuous_usage_stats": True}
         else:
             body.pop("stream_options", None)  # vLLM rejects it on non-streamed requests
         return orjson.dumps(body)
@@ -158,24 +173,31 @@ class VLLMBackend:
     async def chat(self, request: ChatRequest) -> ChatResponse:
         loop = asyncio.get_running_loop()
         total_s = self._total_s_for(request)
+        first_byte_s = _limit(request.first_token_s, self._first_byte_s)
         data = self._payload(request, stream=False)
+        waiting_for = f"the response ({total_s:g}s total)"
+        started = loop.time()
         try:
-            async with asyncio.timeout_at(loop.time() + total_s):
-                async with self._session.post(
-                    self._url,
-                    data=data,
-                    headers=self._request_headers(request),
-                    timeout=self._client_timeout,
-                    allow_redirects=False,
-                ) as resp:
+            async with asyncio.timeout_at(started + total_s):
+                if first_byte_s < total_s:
+                    waiting_for = f"the response's first byte ({first_byte_s:g}s)"
+                async with asyncio.timeout_at(started + min(first_byte_s, total_s)):
+                    resp = await self._session.post(
+                        self._embeddings_url if request.endpoint == "embeddings" else self._url,
+                        data=data,
+                        headers=self._request_headers(request),
+                        timeout=self._client_timeout,
+                        allow_redirects=False,
+                    )
+                waiting_for = f"the response ({total_s:g}s total)"
+                try:
                     raw = await resp.read()
                     status, headers = resp.status, resp.headers
+                finally:
+                    resp.release()
         except _CLIENT_ERRORS as exc:
             raise error_from_aiohttp(
-                exc,
-                backend=self._name,
-                body_started=False,
-                waiting_for=f"the response ({total_s:g}s total)",
+                exc, backend=self._name, body_started=False, waiting_for=waiting_for
             ) from exc
         if status != 200:
             raise error_from_response(status, headers, raw, backend=self._name)
@@ -192,8 +214,8 @@ class VLLMBackend:
     async def stream(self, request: ChatRequest) -> AsyncIterator[ChatChunk]:
         clock = StreamClock(
             asyncio.get_running_loop(),
-            first_token_s=self._first_token_s,
-            stall_s=self._stall_s,
+            first_token_s=_limit(request.first_token_s, self._first_token_s),
+            stall_s=_limit(request.stall_s, self._stall_s),
             total_s=self._total_s_for(request),
         )
         data = self._payload(request, stream=True)
@@ -369,6 +391,11 @@ def forwarded_headers(request: ChatRequest) -> dict[str, str]:
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
     headers["x-request-id"] = request.request_id
     return headers
+
+
+def _limit(override: float | None, own: float) -> float:
+    """A call's limit: the request's ``override`` when it sets one, else the backend's."""
+    return own if override is None else override
 
 
 def _asks_continuous_usage(body: Mapping[str, Any]) -> bool:

@@ -50,8 +50,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         reply = await final_reply(dispatcher, job)
         total = time.perf_counter() - t0
         if record and reply.kind == "result":
-            backend = float(reply.meta.get("backend_ms", 0.0)) / 1000
-            starts.append(float(reply.meta.get("queue_ms", 0.0)) / 1000)
+            backend = (reply.meta.backend_ms or 0.0) / 1000
+            starts.append(reply.meta.queue_ms / 1000)
             hops.append(max(total - backend, 0.0))
             totals.append(total)
 

@@ -76,10 +76,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         except TimeoutError:
             lost.append(job.request_id)
             return
-        status = 200 if reply.kind == "result" else int(reply.meta.get("status", 0))
+        status = 200 if reply.kind == "result" else reply.meta.status or 0
         outcomes[lane][str(status)] += 1
         if status == 200:
-            waits[lane].append(float(reply.meta.get("queue_ms", 0.0)) / 1000)
+            waits[lane].append(reply.meta.queue_ms / 1000)
 
     async def arrivals(lane: str) -> None:
         n = 0

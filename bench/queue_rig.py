@@ -23,16 +23,21 @@ from backends.openai_http import VLLMBackend
 from backends.sim import PROFILES, create_sim_app
 from gateway.accounting.records import LedgerEntry
 from gateway.coalescer import Coalescer
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.deadline import DeadlineAdmission
-from gateway.queue.dispatcher import Dispatcher
-from gateway.queue.executor import Executor
+from gateway.faults.drain import InflightCalls
+from gateway.faults.marks import NoStreamMarks
+from gateway.observability.tracing import Tracing
+from gateway.queue.edge.deadline import DeadlineAdmission
+from gateway.queue.edge.dispatcher import Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
+from gateway.queue.edge.snapshot import QueueSnapshot, TierQueue
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.pool import BackendPool, Replica
-from gateway.queue.replies import ReplyRouter
-from gateway.queue.snapshot import QueueSnapshot, TierQueue
-from gateway.queue.worker import Worker
+from gateway.queue.ownership.notes import NoRunNotes
+from gateway.queue.replicas.capacity import SlotLeases
+from gateway.queue.replicas.pool import BackendPool, Replica
+from gateway.queue.running.executor import Executor
+from gateway.queue.running.replying import EdgeBeside, KeepsNoAnswers, LocalEdge, NoLocalEdge
+from gateway.queue.running.worker import Worker
 from router.catalog import Catalog, DeploymentSpec, Tier
 from router.plan import RoutePlan
 
@@ -40,7 +45,10 @@ MODEL = "llama-3.1-8b-instruct"
 
 
 class NoPrices:
-    def cost(self, model: str, usage: object) -> None:
+    def cost(self, model: str, usage: object, at: float | None = None) -> None:
+        return None
+
+    def source(self, model: str, at: float | None = None) -> None:
         return None
 
 
@@ -48,7 +56,13 @@ class Books:
     def __init__(self) -> None:
         self.entries: list[LedgerEntry] = []
 
-    async def write(self, entry: LedgerEntry, *, then: Callable[[], None] | None = None) -> None:
+    async def write(
+        self,
+        entry: LedgerEntry,
+        *,
+        then: Callable[[], None] | None = None,
+        sql_fallback: bool = True,
+    ) -> None:
         self.entries.append(entry)
         if then is not None:
             then()
@@ -134,20 +148,34 @@ class Rig:
         pool = BackendPool({MODEL: replicas}, leases=leases, owner=name)
         pool.start()
         catalog = Catalog((DeploymentSpec(model=MODEL, tier=Tier.SMALL, max_model_len=16384),))
+        local_edge: LocalEdge = (
+            EdgeBeside(EDGE_ID, self.edge_replies()) if beside_edge else NoLocalEdge()
+        )
         worker = Worker(
             redis=self.redis,
             blocking_redis=self.redis,
             keys=self.keys,
-            executor=Executor(pool, NoPrices(), catalog, {}),
-            ledger=self.books,  # type: ignore[arg-type]
+            executor=Executor(
+                pool,
+                NoPrices(),
+                catalog,
+                {},
+                stream_marks=NoStreamMarks(),
+                tracing=Tracing.off(),
+                inflight=InflightCalls(),
+                run_notes=NoRunNotes(),
+            ),
+            ledger=self.books,
             capacity={},
             worker_id=name,
             claim_ttl_s=60,
             pool=pool,
             tiers={"small": [MODEL]},
             batch_headroom=batch_headroom,
+            answers=KeepsNoAnswers(),
             coalescer=coalescer,
-            local_edge=(EDGE_ID, self.edge_replies()) if beside_edge else None,
+            tracing=Tracing.off(),
+            local_edge=local_edge,
         )
         worker.start()
         self.workers.append(worker)

@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from gateway.accounting.records import Attempt, LedgerEntry
 from gateway.app import create_app
 from gateway.observability.tracing import Tracing
 from gateway.queue.jobs import Job
+from gateway.reply_meta import ReplyMeta
 from gateway.services import open_services
 from gateway.settings import load_settings
 from router.catalog import Tier
@@ -76,7 +78,7 @@ class _Drop(SpanExporter):
 # -- 1. the hooks -------------------------------------------------------------------------
 
 
-def _fixtures() -> tuple[dict[str, Any], RoutePlan, Job, LedgerEntry, dict[str, Any]]:
+def _fixtures() -> tuple[dict[str, Any], RoutePlan, Job, LedgerEntry, ReplyMeta]:
     scope = {
         "type": "http",
         "method": "POST",
@@ -115,14 +117,14 @@ def _fixtures() -> tuple[dict[str, Any], RoutePlan, Job, LedgerEntry, dict[str, 
         completion_tokens=30,
         attempts=(Attempt(MODEL, "ok", 3.0, 20, 30),),
     )
-    meta = {
-        "deployment": MODEL,
-        "tier": "small",
-        "queue_ms": 1.0,
-        "prompt_tokens": 20,
-        "completion_tokens": 30,
-        "cost_usd": "0.000002",
-    }
+    meta = ReplyMeta(
+        deployment=MODEL,
+        tier="small",
+        queue_ms=1.0,
+        prompt_tokens=20,
+        completion_tokens=30,
+        cost_usd=Decimal("0.000002"),
+    )
     return scope, plan, job, entry, meta
 
 
@@ -132,7 +134,7 @@ async def _one_request(
     plan: RoutePlan,
     job: Job,
     entry: LedgerEntry,
-    meta: dict[str, Any],
+    meta: ReplyMeta,
 ) -> None:
     """The hooks of one request, as the edge and the worker call them."""
     if tracing.enabled:  # the middleware, installed only when on

@@ -11,11 +11,24 @@ from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import dashboard
-from gateway.api import admin_keys, admin_tenants, chat, explain, health, models, reports, rules
+from gateway.api import (
+    admin_keys,
+    admin_tenants,
+    chat,
+    completions,
+    embeddings,
+    explain,
+    health,
+    models,
+    reports,
+    rules,
+    rules_console,
+)
+from gateway.api.access import PUBLIC, access
+from gateway.api.apidocs import docs_router, index_router
 from gateway.api.error_docs import drop_validation_422
 from gateway.api.errors import install_error_handlers
 from gateway.api.inflight import CountInflight, InflightRequests
-from gateway.auth.access import PUBLIC, access
 from gateway.observability.tracing import TracingMiddleware
 from gateway.services import Services, open_services
 from gateway.settings import Settings
@@ -70,13 +83,33 @@ def create_app(
     app.state.inflight = InflightRequests()
     app.add_middleware(CountInflight, inflight=app.state.inflight)
     app.include_router(chat.router)
+    app.include_router(completions.router)
+    app.include_router(embeddings.router)
     app.include_router(models.router)
     app.include_router(reports.router)
     app.include_router(dashboard.router)
     app.include_router(explain.router)
+    app.include_router(rules_console.router)
     app.include_router(rules.router)
     app.include_router(health.router)
+    app.include_router(docs_router("tiergate"))
+    app.include_router(index_router("tiergate", _PUBLIC_LINKS))
     return app
+
+
+_PUBLIC_LINKS = {
+    "/docs": "the API's reference (Swagger UI)",
+    "/openapi.json": "the API's OpenAPI schema",
+    "/v1/models": "the models a key may ask for",
+    "/dashboard": "the cost dashboard",
+    "/dashboard/rules": "the rules console",
+}
+_ADMIN_LINKS = {
+    "/docs": "the admin API's reference (Swagger UI)",
+    "/openapi.json": "the admin API's OpenAPI schema",
+    "/metrics": "Prometheus metrics",
+    "/v1/admin/tenants": "tenants (admin key)",
+}
 
 
 def create_admin_app(services: Services) -> FastAPI:
@@ -102,11 +135,12 @@ def create_admin_app(services: Services) -> FastAPI:
     app.include_router(health.router)
     app.include_router(admin_tenants.router)
     app.include_router(admin_keys.router)
+    app.include_router(docs_router("tiergate admin"))
+    app.include_router(index_router("tiergate admin", _ADMIN_LINKS))
     return app
 
 
 async def _refresh_queue_depth(services: Services) -> None:
-    from gateway.queue.signals import publish_queue_metrics
+    from gateway.queue.edge.signals import publish_queue_metrics
 
-    if services.queue_snapshot is not None:
-        publish_queue_metrics(services.queue_snapshot, services.metrics)
+    publish_queue_metrics(services.queue_snapshot, services.metrics)

@@ -5,9 +5,10 @@ Every name starts with ``tiergate_`` (vLLM's own metrics keep ``vllm:``). Counte
 ``deploy/monitoring/`` builds rules and the dashboard on them, and
 ``tests/e2e/test_metrics_names.py`` checks that every name used there is exported.
 
-Where the data is observed: the edge (``gateway/api/relay.py``, ``gateway/api/chat.py``) records
+Where the data is observed: the edge (``gateway/api/relay.py``, ``gateway/api/edge.py``) records
 requests, latency, TTFT, inter-token gaps, overhead, route decisions, fallbacks, tokens and cost;
-the worker side calls ``observe_attempts`` with the ledger entry it books; the admin app refreshes
+the ledger writer calls ``observe_attempts`` with every entry it books (each backend call
+counted once, where its row is booked: a worker, or the edge); the admin app refreshes
 queue depth on every scrape.
 """
 
@@ -169,8 +170,20 @@ class Metrics:
             ["deployment"],
             registry=r,
         )
+        self.replica_ejections = Counter(
+            "tiergate_replica_ejections",
+            "Replicas a worker left out of their deployment after failures in a row",
+            ["deployment"],
+            registry=r,
+        )
         self.ledger_failures = Counter(
             "tiergate_ledger_write_failures", "Ledger entries that could not be written", registry=r
+        )
+        self.ledger_dead_letters = Counter(
+            "tiergate_ledger_dead_letters",
+            "Ledger events set aside by the sink: malformed (not decodable) or refused (by SQL)",
+            ["kind"],
+            registry=r,
         )
         self.budget_spent_ratio = Gauge(
             "tiergate_budget_spent_ratio",
@@ -205,9 +218,16 @@ class Metrics:
         for deployment, outcome in attempts:
             self.attempts.labels(deployment, outcome).inc()
 
+    def count_dead_letter(self, kind: str) -> None:
+        self.ledger_dead_letters.labels(kind=kind).inc()
+
     def set_breaker(self, deployment: str, state: str) -> None:
         """Export a breaker's state (``closed``, ``half_open`` or ``open``)."""
         self.breaker_state.labels(deployment).set(BREAKER_STATES[state])
+
+    def count_ejection(self, deployment: str) -> None:
+        """A replica of ``deployment`` was ejected (``gateway.queue.replicas.ejection``)."""
+        self.replica_ejections.labels(deployment).inc()
 
     def declare_deployments(self, deployments: Iterable[str]) -> None:
         """Start every deployment's breaker at closed, so the series exists before any trip."""

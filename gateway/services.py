@@ -6,24 +6,25 @@ finished ``Services`` through the app's state, and tests can build their own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Collection
 from decimal import Decimal
 
 import aiohttp
-import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
-from backends.protocol import Backend
+from gateway.accounting.budget_alerts import BudgetAlerts
 from gateway.accounting.budgets import BudgetBook, release_bound_s
+from gateway.accounting.dead_letters import DeadLetters
+from gateway.accounting.gpu_rates import GpuRates, ReplicaClock
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.rollups import RollupJob
 from gateway.accounting.sink import LedgerSink
 from gateway.accounting.sweep import ReservationSweep
-from gateway.accounting.throughput import ThroughputMeter
 from gateway.accounting.writer import LedgerWriter
 from gateway.auth.changes import AuthChanges
 from gateway.auth.directory import TenantDirectory
@@ -32,14 +33,14 @@ from gateway.auth.runtime import RuntimeAuth
 from gateway.auth.store import SqlAuthStore
 from gateway.auth.terms import TenantTerms, terms_from_settings
 from gateway.coalescer import Coalescer
+from gateway.discovery.members import ReplicaDirectory
+from gateway.discovery.wiring import FollowReplicas, start_discovery
 from gateway.embedded_redis import EmbeddedRedis
-from gateway.faults.breaker import RedisBreaker
 from gateway.faults.drain import InflightCalls
 from gateway.faults.health import HealthProbe
 from gateway.faults.marks import StreamMarks
 from gateway.faults.watch import BreakerWatch
 from gateway.faults.wiring import (
-    backend_timeouts,
     make_breaker,
     tier_faults,
     vllm_deployments,
@@ -48,31 +49,35 @@ from gateway.limits.idempotency import Idempotency
 from gateway.limits.rate import RateLimiter
 from gateway.metrics import Metrics
 from gateway.observability.tracing import Tracing
+from gateway.parts import Services
 from gateway.queue.billing import Billing
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.connection import redis_client
-from gateway.queue.deadline import DeadlineAdmission
-from gateway.queue.dispatcher import Dispatcher
-from gateway.queue.executor import Executor
+from gateway.queue.client.connection import configured_client
+from gateway.queue.edge.deadline import DeadlineAdmission
+from gateway.queue.edge.dispatcher import AdmitsEveryStart, Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
+from gateway.queue.edge.snapshot import QueueSnapshot
 from gateway.queue.keys import RedisKeys
-from gateway.queue.load import LoadScraper
-from gateway.queue.noted import NotedBooking
-from gateway.queue.notes import RunNotes
-from gateway.queue.pool import BackendPool, Replica
-from gateway.queue.replies import ReplyRouter
+from gateway.queue.ownership.edge_booking import NotedBooking
+from gateway.queue.ownership.notes import RunNotes
+from gateway.queue.replicas.capacity import SlotLeases
+from gateway.queue.replicas.ejection import EjectionPolicy, Ejections
+from gateway.queue.replicas.load import LoadScraper
+from gateway.queue.replicas.pool import BackendPool
+from gateway.queue.replicas.replicas import make_replicas, tier_capacity, vllm_replica
+from gateway.queue.running.executor import Executor
+from gateway.queue.running.replying import EdgeBeside
+from gateway.queue.running.worker import Worker
 from gateway.queue.setup import (
-    assign_slots,
     metrics_urls,
     tier_deployments,
     tier_queues,
 )
-from gateway.queue.snapshot import QueueSnapshot
-from gateway.queue.worker import Worker
-from gateway.rules.edge import RulesRuntime
+from gateway.rules.score_mix import ScoreMix
 from gateway.rules.setup import open_rules
-from gateway.settings import DeploymentSettings, FallbackSettings, Settings, read_secret
+from gateway.settings import Settings
+from gateway.tasks import stop_task
+from router.aliases import ModelAliases
 from router.catalog import Catalog, DeploymentSpec, TenantPolicy
-from router.classifier import Classifier
 from router.loader import load_serving_classifier
 
 __all__ = ["Services", "build_catalog", "build_policies", "build_terms", "open_services"]
@@ -83,43 +88,15 @@ _FALLBACK_THRESHOLD = 0.5
 """For a model file that records no calibrated threshold."""
 
 
-@dataclass(frozen=True, slots=True)
-class Services:
-    settings: Settings
-    keys: KeyStore
-    redis: aioredis.Redis
-    redis_keys: RedisKeys
-    ledger: SqlLedger
-    ledger_writer: LedgerWriter
-    prices: PriceBook
-    catalog: Catalog
-    policies: Mapping[str, TenantPolicy]
-    classifier: Classifier | None
-    dispatcher: Dispatcher
-    replies: ReplyRouter
-    metrics: Metrics
-    worker: Worker | None
-    edge_id: str
-    auth: RuntimeAuth | None = None
-    """Run-time tenants and keys (SQL, cached here); ``None`` in tests that build their own."""
-    queue_snapshot: QueueSnapshot | None = None
-    """Cached queue state (expected waits, depths, in-flight), refreshed in the background."""
-    rate_limits: RateLimiter | None = None
-    """Per-tenant requests/tokens per minute (Redis); ``None`` in tests that build their own."""
-    breaker: RedisBreaker | None = None
-    """Circuit breakers shared through Redis (``None``: disabled in config)."""
-    breaker_watch: BreakerWatch | None = None
-    """Which breakers are open, refreshed every second: ``open_now`` feeds
-    ``Signals.unavailable``."""
-    rules: RulesRuntime | None = None
-    """Routing rules (SQL versions, hot reload) and sticky conversations (docs/rules.md)."""
-    budgets: BudgetBook | None = None
-    """Tenant budgets: reservations before a request runs, settled by the ledger writer."""
-    tracing: Tracing = field(default_factory=Tracing.off)
-    """OpenTelemetry traces of this service (``Tracing.off()`` unless ``tracing.enabled``)."""
+def build_catalog(
+    settings: Settings,
+    prices: PriceBook | None = None,
+    *,
+    kinds: Collection[str] = ("chat",),
+) -> Catalog:
+    """The deployments of ``kinds``: the chat ones (what the planner chooses from), the
+    embedding ones (``router.embeddings``), or both (what a worker runs and bills)."""
 
-
-def build_catalog(settings: Settings, prices: PriceBook | None = None) -> Catalog:
     def price(model: str) -> tuple[Decimal | None, Decimal | None]:
         known = prices.price_of(model) if prices is not None else None
         return (None, None) if known is None else (known.input_per_token, known.output_per_token)
@@ -131,11 +108,16 @@ def build_catalog(settings: Settings, prices: PriceBook | None = None) -> Catalo
                 tier=d.tier,
                 max_model_len=d.max_model_len,
                 provider=d.provider,
+                capabilities=d.capabilities.of(),
                 input_usd_per_token=price(d.model)[0],
                 output_usd_per_token=price(d.model)[1],
+                accepts_continuation=d.accepts_continuation,
+                fallbacks=d.fallbacks,
             )
             for d in settings.deployments
-        )
+            if d.kind in kinds
+        ),
+        aliases=ModelAliases.of(settings.aliases),
     )
 
 
@@ -147,6 +129,7 @@ def build_policies(settings: Settings, default_threshold: float) -> dict[str, Te
             allowed_tiers=frozenset(t.allowed_tiers),
             threshold=default_threshold if t.threshold is None else t.threshold,
             allowed_models=None if t.allowed_models is None else frozenset(t.allowed_models),
+            aliases=ModelAliases.of(t.aliases),
         )
         for name, t in settings.tenants.items()
     }
@@ -156,49 +139,6 @@ def build_terms(settings: Settings, prices: PriceBook) -> dict[str, TenantTerms]
     """The config-file tenants' weights, rate limits, budgets and baselines."""
     default_baseline = prices.baseline_model()
     return {name: terms_from_settings(t, default_baseline) for name, t in settings.tenants.items()}
-
-
-def _make_backends(
-    dep: DeploymentSettings, session: aiohttp.ClientSession, fallback: FallbackSettings
-) -> list[Replica]:
-    api_key = read_secret(dep.api_key_env) if dep.api_key_env else None
-    timeouts = backend_timeouts(fallback, dep)
-    replicas: list[Replica] = []
-    if dep.provider == "vllm":
-        from backends.openai_http import VLLMBackend
-
-        for i, rep in enumerate(dep.replicas):
-            backend: Backend = VLLMBackend(
-                name=f"{dep.model}#{i}",
-                base_url=rep.url,
-                session=session,
-                api_key=api_key,
-                **timeouts,
-            )
-            replicas.append(Replica(backend, rep.max_num_seqs))
-    else:
-        from backends.litellm_backend import LiteLLMBackend
-
-        api_base = dep.replicas[0].url if dep.replicas else None
-        capacity = dep.replicas[0].max_num_seqs if dep.replicas else 64
-        backend = LiteLLMBackend(
-            name=dep.model,
-            litellm_model=dep.litellm_model or dep.model,
-            api_base=api_base,
-            api_key=api_key or ("sk-unused-local" if api_base else None),
-            session=session,
-            **timeouts,
-        )
-        replicas.append(Replica(backend, capacity))
-    return replicas
-
-
-def _tier_capacity(settings: Settings) -> dict[str, int]:
-    capacity: dict[str, int] = {}
-    for dep in settings.deployments:
-        slots = sum(r.max_num_seqs for r in dep.replicas) or 64
-        capacity[dep.tier.value] = capacity.get(dep.tier.value, 0) + slots
-    return capacity
 
 
 @contextlib.asynccontextmanager
@@ -220,15 +160,19 @@ async def open_services(
             stack.push_async_callback(tracing.aclose)  # after everything that makes spans
         keys = KeyStore.from_settings(settings, dev=dev)
         url = settings.redis.url
-        if url is None:
-            embedded = EmbeddedRedis()
+        if url is None and settings.redis.mode == "standalone":
+            embedded = EmbeddedRedis(data_dir=settings.redis.embedded_dir)
             url = embedded.start()
             stack.callback(embedded.stop)
-            log.info("started embedded redis-server at %s", url)
+            supervisor = asyncio.create_task(embedded.supervise(), name="tiergate-embedded-redis")
+            stack.push_async_callback(stop_task, supervisor)  # stopped before the server
+            log.info("started embedded redis-server at %s (AOF in %s)", url, embedded.data_dir)
         bound = settings.redis.command_timeout_s
-        redis = redis_client(url, socket_timeout=bound, connect_timeout=bound / 2)
+        redis = configured_client(
+            settings.redis, url, socket_timeout=bound, connect_timeout=bound / 2
+        )
         stack.push_async_callback(redis.aclose)
-        blocking = redis_client(url, socket_timeout=5.0)
+        blocking = configured_client(settings.redis, url, socket_timeout=5.0)
         stack.push_async_callback(blocking.aclose)
         redis_keys = RedisKeys(settings.redis.key_prefix)
         coalescer = Coalescer(redis)  # closed before the client, after all its users
@@ -239,6 +183,12 @@ async def open_services(
         auth_store = await SqlAuthStore.connect(settings.database.url)
         stack.push_async_callback(auth_store.aclose)
         prices = PriceBook.from_settings(settings.deployments)
+        gpu_rates = GpuRates(redis, redis_keys.prefix, prices.gpu_pools)
+        prices.attach_rates(gpu_rates)
+        try:  # this period's GPU rates and the next; the writer re-reads them every second
+            await prices.ensure_rates()
+        except (RedisError, OSError) as exc:
+            log.warning("GPU rates not read at start (%s)", type(exc).__name__)
         metrics = Metrics()
         classifier = load_serving_classifier(settings.router.model_path)
         threshold = classifier.threshold or _FALLBACK_THRESHOLD
@@ -248,6 +198,8 @@ async def open_services(
             fixed_terms=build_terms(settings, prices),
             default_baseline=prices.baseline_model(),
         )
+        alerts = BudgetAlerts(ledger.engine)  # webhooks of budget thresholds crossed
+        stack.push_async_callback(alerts.aclose)
         budgets = BudgetBook(
             redis,
             redis_keys.prefix,
@@ -256,18 +208,21 @@ async def open_services(
             metrics=metrics,
             ledger=ledger,  # windows rebuilt from SQL after a Redis loss
             release_after_s=release_bound_s(settings.queue.max_timeout_ms),
+            alerts=alerts,
         )
         writer = LedgerWriter(
             redis,
             redis_keys.ledger_events,
             ledger,
-            meter=ThroughputMeter(redis, redis_keys.prefix),
+            rates=gpu_rates,
             prices=prices,
             budgets=budgets,
             coalescer=coalescer,
             tracing=tracing,
+            metrics=metrics,
         )
         catalog = build_catalog(settings, prices)
+        every = build_catalog(settings, prices, kinds=("chat", "embedding"))  # runs and bills
         rules = await open_rules(settings, redis, catalog, stack)
         metrics.declare_deployments(d.model for d in settings.deployments)
         auth = RuntimeAuth(
@@ -277,6 +232,9 @@ async def open_services(
         )
         await auth.start()
         stack.push_async_callback(auth.aclose)
+        score_mix = ScoreMix(ledger.engine, lambda: list(directory), settings.router.own_share)
+        score_mix.start()
+        stack.push_async_callback(score_mix.aclose)
         # In every process, whatever it runs: one of them releases unsettled reservations.
         sweep = ReservationSweep(redis, budgets, owner=edge_id)
         sweep.start()  # after the run-time tenants are in: it sweeps theirs too
@@ -290,7 +248,12 @@ async def open_services(
         idempotency = Idempotency(  # keys lost with Redis are looked up in the ledger
             redis, settings.redis.key_prefix, ttl_s=claim_ttl, ledger=ledger
         )
+        members = ReplicaDirectory(settings)  # vLLM replicas: configured, or discovered pods
         snapshot = QueueSnapshot(redis, redis_keys, tier_queues(settings, redis_keys))
+        members.listen(
+            lambda _d, _m: snapshot.set_tiers(tier_queues(settings, redis_keys, members.all()))
+        )
+        await start_discovery(settings, members, stack)
         snapshot.start()
         stack.push_async_callback(snapshot.aclose)
         breaker = make_breaker(
@@ -302,6 +265,7 @@ async def open_services(
             breaker_watch = BreakerWatch(breaker, deployments, set_state=metrics.set_breaker)
             breaker_watch.start()
             stack.push_async_callback(breaker_watch.aclose)
+        ledger_sink: LedgerSink | None = None
         if workers if sink is None else sink:  # before the workers: it closes after them
             ledger_sink = LedgerSink(
                 redis=redis,
@@ -310,10 +274,13 @@ async def open_services(
                 group=redis_keys.ledger_group,
                 consumer=f"sink-{edge_id}",
                 ledger=ledger,
+                dead_letters=DeadLetters(ledger.engine),
+                dead_letter_stream=redis_keys.ledger_dead_letters,
+                on_dead_letter=metrics.count_dead_letter,
             )
             ledger_sink.start()
             stack.push_async_callback(ledger_sink.aclose)
-            rollups = RollupJob.from_prices(ledger, prices)
+            rollups = RollupJob.from_prices(ledger, prices, rates=gpu_rates)
             rollups.start()
             stack.push_async_callback(rollups.aclose)
         worker: Worker | None = None
@@ -325,22 +292,41 @@ async def open_services(
             stack.push_async_callback(session.close)
             fallback = settings.fallback
             inflight = InflightCalls()
+            probe: HealthProbe | None = None
             if breaker is not None and fallback.breaker.health_interval_s > 0:
                 probe = HealthProbe(
                     session,
                     breaker,
-                    {d.model: [r.url for r in d.replicas] for d in vllm_deployments(settings)},
+                    {
+                        d.model: [m.url for m in members.members(d.model)]
+                        for d in vllm_deployments(settings)
+                    },
                     interval_s=fallback.breaker.health_interval_s,
                     timeouts_to_drain=fallback.breaker.health_timeouts_to_drain,
                     on_down=inflight.drain,
                 )
                 probe.start()
                 stack.push_async_callback(probe.aclose)
+            clock = ReplicaClock(  # the GPU pools' replicas running; their rates kept read
+                gpu_rates,
+                session,
+                {
+                    d.model: [m.url for m in members.members(d.model)]
+                    if d.provider == "vllm"
+                    else [r.url for r in d.replicas]
+                    for d in settings.deployments
+                },
+                refresh=prices.ensure_rates,
+            )
+            clock.start()
+            stack.push_async_callback(clock.aclose)
             replicas = {
-                dep.model: _make_backends(dep, session, fallback) for dep in settings.deployments
+                dep.model: make_replicas(
+                    dep, session, fallback, members.members(dep.model), redis_keys
+                )
+                for dep in settings.deployments
             }
-            assign_slots(replicas, settings, redis_keys)
-            load = LoadScraper(session, metrics_urls(settings))
+            load = LoadScraper(session, metrics_urls(settings, members.all()))
             load.start()
             stack.push_async_callback(load.aclose)
             pool = BackendPool(
@@ -351,13 +337,32 @@ async def open_services(
                 owner=f"w-{edge_id}",
                 chooser=load.rank,
                 affinity=settings.queue.affinity,
+                ejections=Ejections(
+                    EjectionPolicy(
+                        after=fallback.replica_eject_after,
+                        base_s=fallback.replica_eject_s,
+                        max_s=fallback.replica_eject_max_s,
+                    ),
+                    on_eject=metrics.count_ejection,
+                ),
             )
             pool.start()
             stack.push_async_callback(pool.aclose)
+            members.listen(
+                FollowReplicas(
+                    settings,
+                    members,
+                    lambda dep, m: vllm_replica(dep, m, session, fallback, redis_keys),
+                    pool,
+                    load,
+                    probe,
+                    clock,
+                )
+            )
             executor = Executor(
                 pool,
                 prices,
-                catalog,
+                every,
                 directory.baselines,
                 breaker=breaker,
                 faults=tier_faults(settings.fallback),
@@ -373,17 +378,17 @@ async def open_services(
                 keys=redis_keys,
                 executor=executor,
                 ledger=writer,
-                capacity=_tier_capacity(settings),
+                capacity=tier_capacity(settings),
                 worker_id=f"w-{edge_id}",
                 claim_ttl_s=claim_ttl,
                 pool=pool,
                 tiers=tier_deployments(settings),
                 batch_headroom=settings.queue.batch_headroom,
-                idempotency=idempotency,
+                answers=idempotency,
                 weights=directory.weights,
                 coalescer=coalescer,
                 tracing=tracing,
-                local_edge=(edge_id, replies),
+                local_edge=EdgeBeside(edge_id, replies),
             )
             worker.start()
             stack.push_async_callback(worker.aclose)
@@ -399,7 +404,7 @@ async def open_services(
             idempotency=idempotency,
             local=worker if settings.queue.direct_start else None,
             noted=NotedBooking(
-                redis, redis_keys, Billing(prices, catalog, directory.baselines), writer
+                redis, redis_keys, Billing(prices, every, directory.baselines), writer
             ),
             deadline=(
                 DeadlineAdmission(
@@ -408,7 +413,7 @@ async def open_services(
                     min_waiting=settings.queue.deadline_min_waiting,
                 )
                 if settings.queue.deadline_admission
-                else None
+                else AdmitsEveryStart()
             ),
         )
 
@@ -438,4 +443,7 @@ async def open_services(
             rules=rules,
             budgets=budgets,
             tracing=tracing,
+            ledger_sink=ledger_sink,
+            score_mix=score_mix,
+            embeddings=build_catalog(settings, prices, kinds=("embedding",)),
         )

@@ -6,9 +6,16 @@ serving export (``load_serving_classifier``); they are imported only when a skop
 loaded or written.
 """
 
+from router.capabilities import Capability, needed_capabilities
 from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
 from router.classifier import Classifier, HashedLinearClassifier, model_text
-from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, UnknownModel
+from router.errors import (
+    MissingCapability,
+    ModelNotAllowed,
+    NoDeploymentFits,
+    RoutingError,
+    UnknownModel,
+)
 from router.features import PromptFeatures, estimate_tokens, extract_text, message_text
 from router.loader import load_serving_classifier
 from router.model_file import (
@@ -28,10 +35,12 @@ __all__ = [
     "AUTO",
     "DEFAULT_MODEL_PATH",
     "FALLBACK_ORDER",
+    "Capability",
     "Catalog",
     "Classifier",
     "DeploymentSpec",
     "HashedLinearClassifier",
+    "MissingCapability",
     "ModelFileError",
     "ModelNotAllowed",
     "ModelVersionError",
@@ -53,6 +62,7 @@ __all__ = [
     "load_serving_classifier",
     "message_text",
     "model_text",
+    "needed_capabilities",
     "save_classifier",
     "serving_export_path",
 ]

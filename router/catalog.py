@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 
+from router.aliases import ModelAliases
+from router.capabilities import DEFAULT_CAPABILITIES, Capability
+from router.share import ScoreQuantiles
+
 __all__ = ["Catalog", "DeploymentSpec", "Signals", "TenantPolicy", "Tier"]
 
 
@@ -30,6 +34,20 @@ class DeploymentSpec:
     input_usd_per_token: Decimal | None = None
     output_usd_per_token: Decimal | None = None
     """List prices, for rules that cap the cost per request; ``None``: unknown."""
+    capabilities: frozenset[Capability] = DEFAULT_CAPABILITIES
+    """What it can serve besides text (``router.capabilities``)."""
+    accepts_continuation: bool | None = None
+    """Continues an assistant message it is given (vLLM's ``continue_final_message``);
+    ``None``: as its provider does (``vllm`` yes, hosted APIs no)."""
+    fallbacks: tuple[str, ...] = ()
+    """The deployments to try after this one, in order, when a request named it."""
+
+    @property
+    def continues(self) -> bool:
+        """Whether a broken stream may go on here as a continued assistant message."""
+        if self.accepts_continuation is not None:
+            return self.accepts_continuation
+        return self.provider == "vllm"
 
     @property
     def external(self) -> bool:
@@ -48,6 +66,8 @@ class Catalog:
     """Every deployment, in the order each tier tries them."""
 
     deployments: tuple[DeploymentSpec, ...]
+    aliases: ModelAliases = field(default_factory=ModelAliases)
+    """The global model aliases (the config's ``aliases``)."""
 
     def get(self, model: str) -> DeploymentSpec | None:
         for spec in self.deployments:
@@ -70,6 +90,8 @@ class TenantPolicy:
     """Classifier score at or above which ``model="auto"`` goes to the large tier."""
     allowed_models: frozenset[str] | None = None
     """Deployments the tenant may name directly; ``None``: every deployment of an allowed tier."""
+    aliases: ModelAliases = field(default_factory=ModelAliases)
+    """The tenant's own model aliases (tried before the global ones)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +106,8 @@ class Signals:
     service_s: Mapping[Tier, float] = field(default_factory=dict)
     """Typical backend time of a job per tier (s): a worker does not start a job with less time
     left than this (deadline spill-over reads it)."""
+    own_scores: ScoreQuantiles | None = None
+    """The tenant's recent classifier scores (``router.share``): a rule's
+    ``target_large_share`` is read off them once they number ``min_own_scores`` or more."""
+    min_own_scores: int = 200
+    """Fewer scores than this: ``target_large_share`` uses the documented mix's curve."""

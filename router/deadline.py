@@ -3,8 +3,8 @@
 A tier is *late* for a request when something waits there (its expected wait is over 0) and
 that wait plus the tier's typical job time is more than the time the request has left. The
 typical job time is the allowance: a worker does not start a job with less time left than that
-(``Worker._cannot_finish``), and deadline admission (``gateway.queue.deadline``) judges the same
-"time left to start". A tier where nothing waits starts the job at once and is never late: how
+(``Worker._cannot_finish``), and deadline admission (``gateway.queue.edge.deadline``) judges the
+same "time left to start". A tier where nothing waits starts the job at once and is never late: how
 long the model takes is not the queue's doing.
 
 Pure: the time left comes in through ``RequestContext.time_left_s`` (the edge reads the clock),

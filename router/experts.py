@@ -1,24 +1,16 @@
-"""Experts: one linear model per kind of prompt, and the gate that picks one per request.
+"""Experts: the gate that picks a model per request, and the models' output maps.
 
-The classifier is two models over the same model text (``router.classifier.model_text``):
+A model file names two experts, ``multiple_choice`` (a last user message with options ``A.``,
+``B.``, … — at least two) and ``open`` (everything else), and the gate below picks one per
+request from that fact. Up to model text v3 they were two models (one learnt from MMLU-Pro
+outcomes, one from weak labels); since v4 one model, trained on every source on one scale
+(the large model's expected gain), serves both names: one model ranked every kind better than
+two whose scales met only through the share curve (docs/classifier.md). The structure stays so
+that a file may again hold two.
 
-* ``multiple_choice``, for a last user message with options ``A.``, ``B.``, … (at least two):
-  learnt from real outcomes (MMLU-Pro, Llama-3.1-8B against 70B), it reads only the structural
-  and question-shape tokens and estimates the expected gain of the large model,
-  E[strong - weak];
-* ``open``, for everything else: learnt from weak labels (everyday instructions, arena-hard,
-  GSM8K by solution steps), it reads the words and the tokens and estimates the chance that
-  the large model is needed.
-
-One model for both did worse at each (docs/classifier.md, round 4): words that help to tell an
-arena-hard prompt from an everyday one are noise on exam questions, and training it harder on
-one kind cost the other. The gate is a fact about the prompt, not a learnt guess: 3 of 1,398
-chat prompts and no GSM8K problem have options; 2.6 % of MMLU-Pro questions are not found to.
-
-Both experts' scores are on the scale of a quality gain in [0, 1], so one threshold and one
-share curve serve a mix of both kinds. ``Output`` maps an expert's fitted probability p to its
-score: ``offset + scale * p``, clamped to [0, 1] (for the multiple-choice expert, trained on the
-label (gain + 1) / 2, that is 2p - 1; for the open one, p itself).
+``Output`` maps an expert's fitted probability p to its score: ``offset + scale * p``, clamped
+to [0, 1] (``PROBABILITY``: p itself; ``GAIN``: 2p - 1, for a model trained on
+(gain + 1) / 2, as v3's multiple-choice expert was).
 
 Pure: no I/O, no state.
 """

@@ -265,9 +265,8 @@ class PromptFeatures:
     root, integral, sum and pi signs."""
     question_marks: int = 0
     """``?`` in the question stem."""
-    size: StemSize | None = None
-    """How much a message without options asks; ``None`` for one with options, whose expert
-    does not read it (``router.experts``), so the request path does not count it."""
+    size: StemSize = StemSize(0, 0, 0)
+    """How much the question stem asks: numbers, words, sentences."""
 
     @property
     def has_options(self) -> bool:
@@ -314,7 +313,7 @@ class PromptFeatures:
             quantities=quantities(stem),
             formula_chars=sum(stem.count(char) for char in FORMULA_CHARS),
             question_marks=stem.count("?"),
-            size=None if options.lengths else StemSize.of(stem),
+            size=StemSize.of(stem),
         )
 
     @classmethod

@@ -6,6 +6,10 @@ tier come in through ``context``).
 
 How a plan is made:
 
+00. **Aliases.** A requested name that is not ``auto``, a tier or a deployment id is looked up in
+   the model aliases (``router.aliases``: the tenant's rules file, the tenant's own, the global
+   ones), and the plan is made for its target; ``requested_model`` keeps the name sent, ``alias``
+   the alias that matched. Rule conditions on ``model`` match either name.
 0. **Rules.** The tenant's rules, then the global ones, are tried in order; the first that
    matches fires (``rule:<id>``), and the plan records why each earlier one did not. Its
    actions narrow the allowed tiers (``forbid_tiers``, ``forbid_external``), set the threshold
@@ -15,7 +19,9 @@ How a plan is made:
    (score ≥ threshold → large, else small; no classifier → the tenant's default tier; a failing
    classifier fails open to the default tier, rule ``classifier_failed``) and, if the tier is
    not allowed, takes the nearest allowed one in fallback order. A tier name pins that tier; a
-   deployment id pins that deployment alone (no fallback). For ``auto``, a conversation that
+   deployment id (or a rule's ``deployment``) pins that deployment, followed only by its
+   configured ``fallbacks`` (``DeploymentSpec.fallbacks``; with a rule's ``fallback`` tiers,
+   their deployments after them), never by the rest of its tier. For ``auto``, a conversation that
    went large stays large (``sticky:conversation``) unless the fired rule says
    ``sticky: false``; and when the large tier's expected wait is over its target (default
    30 s), traffic spills to the first tier of ``spill_to`` that can serve it
@@ -33,7 +39,15 @@ How a plan is made:
    that does becomes primary (the reason says so). None at all → ``NoDeploymentFits``.
 4. **Cost cap.** With ``max_cost_usd``, deployments whose worst case (prompt + ``max_tokens``
    at list price) is over the cap, or whose price is unknown, are dropped.
-5. **Live signals.** Deployments in ``signals.unavailable`` move to the end, in order; the plan's
+5. **Capabilities.** Before steps 1 to 4, deployments that lack a capability the request needs
+   (images, tools, a JSON schema, reasoning parameters: ``router.capabilities``) are left out,
+   and the plan's ``ruled_out`` says which capability ruled out each; a spill considers only
+   the deployments left. A request pinned to a deployment that lacks one, or that no
+   deployment of its allowed tiers can serve, gets ``MissingCapability``. A request that named
+   its model through an alias has its reasoning parameters and ``verbosity`` as *hints*
+   (``router.capabilities.HINTED``): they rule nothing out, and the plan's ``dropped`` says
+   which deployments are not sent which of them (``router.capabilities.unsent``).
+6. **Live signals.** Deployments in ``signals.unavailable`` move to the end, in order; the plan's
    ``tier`` is the tier of the first deployment to try.
 """
 
@@ -46,6 +60,8 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
+from router.aliases import Alias
+from router.capabilities import HINTED, Capability, Screen, screen, unsent
 from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
 from router.classifier import Classifier
 from router.deadline import tier_fit
@@ -56,6 +72,7 @@ from router.rules.compiled import CompiledRule, RuleSet
 from router.rules.context import RequestContext
 from router.rules.evaluate import Facts, Match, first_match
 from router.rules.schema import Action
+from router.share import ShareCurve, ShareSource
 
 __all__ = ["AUTO", "FALLBACK_ORDER", "decide"]
 
@@ -82,8 +99,6 @@ class _Choice:
     rule: str
     reason: str
     score: float | None = None
-    deployment: DeploymentSpec | None = None
-    """A rule's named deployment, tried first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +116,8 @@ class _Effective:
     rule: CompiledRule | None
     max_tokens: int
     no_external: bool
+    share: ShareSource | None = None
+    """How a ``target_large_share`` became the threshold."""
 
     @property
     def label(self) -> str | None:
@@ -126,13 +143,23 @@ def decide(
     classifier: Classifier | None,
     rules: RuleSet | None = None,
     context: RequestContext | None = None,
+    needs: frozenset[Capability] = frozenset(),
+    hints: tuple[str, ...] = (),
 ) -> RoutePlan:
-    """The route plan for one request (see the module docstring for the rules).
+    """The route plan for one request (see the module docstring for the rules). ``needs``: the
+    capabilities the request needs (``router.capabilities.needed_capabilities``); ``hints``:
+    its fields that are hints when it names its model through an alias
+    (``router.capabilities.hint_fields``).
 
-    Raises ``UnknownModel``, ``ModelNotAllowed`` or ``NoDeploymentFits``.
+    Raises ``UnknownModel``, ``ModelNotAllowed``, ``NoDeploymentFits`` or
+    ``MissingCapability``.
     """
     rules = rules or _NO_RULES
     context = context or _NO_CONTEXT
+    asked = requested_model
+    alias = _alias(requested_model, rules, policy, catalog)
+    if alias is not None:
+        requested_model = alias.target
     tier = _tier_named(requested_model)
     pinned = None
     if requested_model != AUTO and tier is None:
@@ -140,7 +167,7 @@ def decide(
         if pinned is None:
             raise UnknownModel(
                 f"unknown model {requested_model!r}: use 'auto', a tier "
-                f"({', '.join(t.value for t in Tier)}) or a deployment's model id"
+                f"({', '.join(t.value for t in Tier)}), a deployment's model id or an alias"
             )
     wants_score = classifier is not None and (requested_model == AUTO or rules.uses_score)
     score = _score(features, classifier) if wants_score else _Score(None)
@@ -149,14 +176,16 @@ def decide(
         lowered = features.last_user_text.lower() if rules.uses_lowered_text else ""
         facts = Facts(
             policy.tenant, requested_model, features, context, score.value, signals, catalog,
-            lowered,
+            lowered, None if alias is None else asked,
         )  # fmt: skip
         match = first_match(rules, facts)
-    eff = _effective(policy, match.rule, max_tokens, classifier)
+    eff = _effective(policy, match.rule, max_tokens, classifier, signals)
     prompt_tokens = features.estimated_prompt_tokens
     needed = eff.needed(prompt_tokens)
     action = eff.action
-    extras: dict[str, Any] = {"requested_model": requested_model}
+    extras: dict[str, Any] = {"requested_model": asked}
+    if alias is not None:
+        extras["alias"] = f"{alias.pattern} → {alias.target}"
     if match.rule is not None or match.skipped:
         extras.update(
             skipped_rules=match.skipped,
@@ -165,11 +194,65 @@ def decide(
             continuation=action.continuation,
             max_cost_usd=None if action.max_cost_usd is None else str(action.max_cost_usd),
         )
-    if action.tier is None and action.deployment is None and pinned is not None:
-        return _model_plan(pinned, needed, eff, signals, extras)
-    choice = _choose(tier, eff, score, rules, context, signals, catalog, prompt_tokens)
-    return _tier_plan(choice, needed=needed, eff=eff, catalog=catalog, signals=signals,
-                      prompt_tokens=prompt_tokens, extras=extras)  # fmt: skip
+    needs, hints = _as_hints(needs, hints, alias)
+    able = screen(catalog, needs)
+    if requested_model == AUTO:
+        extras["threshold"] = eff.policy.threshold
+        if eff.share is not None:
+            extras["share_source"] = eff.share
+    plan = _named_plan(pinned, eff, score, needed, signals, extras, able)
+    if plan is None:
+        able.require_any(_allowed(eff, catalog))
+        choice = _choose(tier, eff, score, rules, context, signals, able.catalog, prompt_tokens)
+        plan = _tier_plan(choice, needed=needed, eff=eff, catalog=able.catalog,
+                          signals=signals, prompt_tokens=prompt_tokens, extras=extras)  # fmt: skip
+    plan = _drop_hints(able.annotate(plan), hints, catalog)
+    if alias is None:
+        return plan
+    said = f"{asked!r} is an alias of {alias.target!r}"
+    if alias.pattern != asked:
+        said += f" ({alias.pattern})"
+    return replace(plan, reason=f"{said}; {plan.reason}")
+
+
+def _as_hints(
+    needs: frozenset[Capability], hints: tuple[str, ...], alias: Alias | None
+) -> tuple[frozenset[Capability], tuple[str, ...]]:
+    """What the request needs and its hints: through an alias, its ``hints`` need nothing;
+    named directly, it has no hints (they stay needs)."""
+    if alias is None:
+        return needs, ()
+    return (needs - HINTED if hints else needs), hints
+
+
+def _drop_hints(plan: RoutePlan, hints: tuple[str, ...], catalog: Catalog) -> RoutePlan:
+    """``plan`` with the ``hints`` each of its deployments is not sent (``dropped``), and
+    those at the end of its reason."""
+    dropped = tuple(
+        (d, fields)
+        for d in plan.deployments
+        if (spec := catalog.get(d)) is not None and (fields := unsent(hints, spec))
+    )
+    if not dropped:
+        return plan
+    said = "; ".join(f"{d}: {', '.join(f)}" for d, f in dropped)
+    reason = f"{plan.reason}; hints not sent (alias) to {said}"
+    return replace(plan, dropped=dropped, reason=reason)
+
+
+def _alias(name: str, rules: RuleSet, policy: TenantPolicy, catalog: Catalog) -> Alias | None:
+    """The alias ``name`` stands for, if it is not already a model (``auto``, a tier, a
+    deployment id)."""
+    if name == AUTO or _tier_named(name) is not None or catalog.get(name) is not None:
+        return None
+    if not (rules.aliases or policy.aliases or catalog.aliases):
+        return None
+    return rules.aliases.then(policy.aliases).then(catalog.aliases).resolve(name)
+
+
+def _allowed(eff: _Effective, catalog: Catalog) -> list[DeploymentSpec]:
+    """Every deployment of the tiers the request may use."""
+    return [d for t in Tier if t in eff.policy.allowed_tiers for d in _candidates(t, eff, catalog)]
 
 
 def _tier_named(name: str) -> Tier | None:
@@ -180,7 +263,11 @@ def _tier_named(name: str) -> Tier | None:
 
 
 def _effective(
-    policy: TenantPolicy, rule: CompiledRule | None, max_tokens: int, classifier: Classifier | None
+    policy: TenantPolicy,
+    rule: CompiledRule | None,
+    max_tokens: int,
+    classifier: Classifier | None,
+    signals: Signals,
 ) -> _Effective:
     if rule is None:
         return _Effective(policy, _NO_ACTION, None, max_tokens, False)
@@ -189,15 +276,34 @@ def _effective(
     if action.forbid_external:
         forbidden.add(Tier.EXTERNAL)
     threshold = policy.threshold
+    share: ShareSource | None = None
     if action.threshold is not None:
         threshold = action.threshold
     elif action.target_large_share is not None:
-        for_share = getattr(classifier, "threshold_for_share", None)
-        if callable(for_share):
-            threshold = float(for_share(action.target_large_share))
+        threshold, share = _share_threshold(
+            action.target_large_share, policy.threshold, classifier, signals
+        )
     effective = replace(policy, allowed_tiers=policy.allowed_tiers - forbidden, threshold=threshold)
     capped = max_tokens if action.max_tokens is None else min(max_tokens, action.max_tokens)
-    return _Effective(effective, action, rule, capped, action.forbid_external)
+    return _Effective(effective, action, rule, capped, action.forbid_external, share)
+
+
+def _share_threshold(
+    target: float, fallback: float, classifier: Classifier | None, signals: Signals
+) -> tuple[float, ShareSource | None]:
+    """The threshold for ``target`` share large: off the tenant's own recent scores when it has
+    at least ``signals.min_own_scores`` of them, else off the classifier's documented-mix
+    curve; a classifier without one keeps ``fallback`` (the tenant's threshold)."""
+    own = signals.own_scores
+    if own is not None and own.count >= signals.min_own_scores:
+        source = ShareSource(target, ShareCurve.TENANT, own.count, own.window_days)
+        return own.threshold_for_share(target), source
+    for_share = getattr(classifier, "threshold_for_share", None)
+    if not callable(for_share):
+        return fallback, None
+    scores = None if own is None else own.count
+    source = ShareSource(target, ShareCurve.MIX, scores, min_scores=signals.min_own_scores)
+    return float(for_share(target)), source
 
 
 def _two_numbers(score: float, threshold: float) -> tuple[str, str]:
@@ -249,10 +355,6 @@ def _choose(
     why = f"rule {eff.rule.id}" if eff.rule is not None else ""
     if eff.rule is not None and eff.rule.description:
         why += f" ({eff.rule.description})"
-    if action.deployment is not None:
-        spec = catalog.get(action.deployment)
-        if spec is not None and label is not None:
-            return _Choice(spec.tier, label, f"{why} → {spec.model}", score.value, spec)
     if action.tier is not None and label is not None:
         return _Choice(action.tier, label, f"{why} → {action.tier.value}", score.value)
     if tier is not None:
@@ -262,6 +364,8 @@ def _choose(
         return _Choice(tier, label or "pin:tier", reason, score.value)
     choice = _auto_choice(score, eff.policy, score.value is not None or score.failure is not None)
     if label is not None:
+        if eff.share is not None and choice.rule == "auto:threshold":
+            why += f"; {eff.share.describe()}"
         choice = replace(choice, rule=label, reason=f"{why}; {choice.reason}")
     if choice.tier is Tier.SMALL and context.sticky_tier is Tier.LARGE and action.sticky:
         reason = f"{choice.reason}; conversation went large before → stays large"
@@ -370,10 +474,6 @@ def _tier_plan(
     if chain[0] is not tier:
         notes.append(f"{tier.value} not allowed → {chain[0].value}")
     options = {t: _candidates(t, eff, catalog) for t in chain}
-    if choice.deployment is not None and choice.deployment.tier in options:
-        named = choice.deployment
-        rest = tuple(d for d in options[named.tier] if d is not named)
-        options[named.tier] = (named, *rest) if not (eff.no_external and named.external) else rest
     fitting = {t: tuple(d for d in options[t] if d.max_model_len >= needed) for t in chain}
     usable = [t for t in chain if fitting[t]]
     if not usable:
@@ -392,6 +492,7 @@ def _tier_plan(
         rule=choice.rule,
         reason="; ".join(notes),
         score=choice.score,
+        preferred=ordered[0].model if first is not ordered[0] else None,
         **extras,
     )
 
@@ -416,31 +517,107 @@ def _costs_at_most(spec: DeploymentSpec, cap: Decimal, prompt: int, max_tokens: 
     return worst is not None and worst <= cap
 
 
+def _named_plan(
+    pinned: DeploymentSpec | None,
+    eff: _Effective,
+    score: _Score,
+    needed: int,
+    signals: Signals,
+    extras: dict[str, Any],
+    able: Screen,
+) -> RoutePlan | None:
+    """The plan for a deployment a rule's ``deployment`` action or the request names
+    (``pinned``); ``None``: neither does (or the rule's lacks a capability the request needs),
+    the plan goes by tier."""
+    action = eff.action
+    named = able.catalog.get(action.deployment) if action.deployment is not None else None
+    if named is not None and eff.rule is not None:
+        why = f"rule {eff.rule.id}"
+        if eff.rule.description:
+            why += f" ({eff.rule.description})"
+        reason = f"{why} → {named.model}"
+        return _model_plan(
+            named, needed, eff, signals, extras, able, reason=reason, score=score.value
+        )
+    if action.tier is None and action.deployment is None and pinned is not None:
+        return _model_plan(pinned, needed, eff, signals, extras, able)
+    return None
+
+
 def _model_plan(
-    spec: DeploymentSpec, needed: int, eff: _Effective, signals: Signals, extras: dict[str, Any]
+    spec: DeploymentSpec,
+    needed: int,
+    eff: _Effective,
+    signals: Signals,
+    extras: dict[str, Any],
+    able: Screen,
+    *,
+    reason: str | None = None,
+    score: float | None = None,
 ) -> RoutePlan:
+    """The plan for one named deployment (by the request, or by a rule's ``deployment``
+    action, ``reason`` then): it, then its configured ``fallbacks`` (allowed, fitting, within
+    the cost cap), then, for a rule that says ``fallback``, those tiers' deployments. Nothing
+    else: a request for one deployment is never answered by an unrelated one."""
     policy = eff.policy
     if spec.tier not in policy.allowed_tiers or (eff.no_external and spec.external):
         raise eff.refuse(f"{spec.model!r} (tier {spec.tier.value})")
-    if policy.allowed_models is not None and spec.model not in policy.allowed_models:
+    by_rule = reason is not None
+    allowed = policy.allowed_models
+    if not by_rule and allowed is not None and spec.model not in allowed:
         raise ModelNotAllowed(f"tenant {policy.tenant!r} may not use {spec.model!r}")
-    if spec.max_model_len < needed:
-        raise NoDeploymentFits(_no_fit_message(needed, [spec]))
+    lacking = able.pinned_refusal(spec)
+    if lacking is not None:
+        raise lacking
+    chain = [spec, *_fallbacks(spec, eff, able.catalog)]
+    fitting = [d for d in chain if d.max_model_len >= needed]
+    if not fitting:
+        raise NoDeploymentFits(_no_fit_message(needed, chain))
+    notes = [reason or f"model {spec.model} requested"]
+    if eff.rule is not None and not by_rule:
+        notes[0] += f"; rule {eff.rule.id}"
+    if len(chain) > 1:
+        notes.append(f"fallbacks: {' → '.join(d.model for d in chain[1:])}")
+    if fitting[0] is not spec:
+        notes.append(f"{spec.model} does not fit {needed:,} tokens → {fitting[0].model}")
     cap = eff.action.max_cost_usd
-    if cap is not None and not _costs_at_most(spec, cap, needed - eff.max_tokens, eff.max_tokens):
-        raise eff.refuse(f"{spec.model!r} within ${cap} per request")
-    reason = f"model {spec.model} requested"
-    if eff.rule is not None:
-        reason += f"; rule {eff.rule.id}"
+    prompt_tokens = needed - eff.max_tokens
+    alone = len(fitting) == 1  # the deployment alone: refused by name
+    if (
+        alone
+        and cap is not None
+        and not _costs_at_most(fitting[0], cap, prompt_tokens, eff.max_tokens)
+    ):
+        raise eff.refuse(f"{fitting[0].model!r} within ${cap} per request")
+    ordered = _within_cost(fitting, eff, prompt_tokens, notes)
+    deployments = _available_first(ordered, signals)
     if spec.model in signals.unavailable:
-        reason += " (currently unavailable)"
+        notes[0] += " (currently unavailable)"
+    first = deployments[0]
     return RoutePlan(
-        tier=spec.tier,
-        deployments=(spec.model,),
+        tier=first.tier,
+        deployments=tuple(d.model for d in deployments),
         rule=eff.label or "pin:model",
-        reason=reason,
+        reason="; ".join(notes),
+        score=score,
+        preferred=ordered[0].model if first is not ordered[0] else None,
+        fallbacks_of=spec.model if len(chain) > 1 else None,
         **extras,
     )
+
+
+def _fallbacks(spec: DeploymentSpec, eff: _Effective, catalog: Catalog) -> list[DeploymentSpec]:
+    """``spec``'s configured fallbacks, then (a rule's ``fallback`` action) the deployments of
+    those tiers: the allowed ones, each once."""
+    found = [d for d in (catalog.get(m) for m in spec.fallbacks) if d is not None]
+    for tier in eff.action.fallback or ():
+        found.extend(_candidates(tier, eff, catalog))
+    out: list[DeploymentSpec] = []
+    for d in found:
+        allowed = d.tier in eff.policy.allowed_tiers and not (eff.no_external and d.external)
+        if allowed and d is not spec and d not in out:
+            out.append(d)
+    return out
 
 
 def _available_first(

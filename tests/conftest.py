@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 
 import pytest
 import redis
+
+from tests.support import drop_prefix, new_prefix
 
 REDIS_URL = os.environ.get("TIERGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 DATABASE_URL = os.environ.get(
@@ -30,11 +31,6 @@ def redis_url() -> str:
 @pytest.fixture
 def key_prefix(redis_url: str) -> Iterator[str]:
     """A key prefix of this test's own; its keys are deleted afterwards."""
-    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
+    prefix = new_prefix()
     yield prefix
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
+    drop_prefix(redis_url, prefix)

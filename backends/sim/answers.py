@@ -24,7 +24,7 @@ import orjson
 
 from backends.sim.request import Message
 
-__all__ = ["Answer", "answer_pieces", "continuation_pieces", "finish"]
+__all__ = ["Answer", "ToolCallOut", "answer_pieces", "answer_rng", "continuation_pieces", "finish"]
 
 _WORD_LIST = (
     "the a an of to in on for with by from at as and or but not is are was be can will may "
@@ -46,23 +46,46 @@ _WORDS = tuple(_WORD_LIST.split())  # each at most 8 letters: one token
 _PUNCT_WEIGHT = 0.07  # chance that a piece inside a sentence is a comma
 
 
+class ToolCallOut(NamedTuple):
+    """A tool call an answer makes: its pieces are the name (one piece), then the arguments."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class Answer(NamedTuple):
     pieces: tuple[str, ...]
     finish_reason: str
-    """``"stop"`` (natural end or a stop string) or ``"length"`` (cut by ``max_tokens``)."""
+    """``"stop"`` (natural end or a stop string), ``"length"`` (cut by ``max_tokens``) or
+    ``"tool_calls"``."""
+    tool_call: ToolCallOut | None = None
+    """Set when the answer is a tool call: ``pieces[0]`` is its name, the rest its arguments."""
+
+    @property
+    def content(self) -> str | None:
+        return None if self.tool_call is not None else "".join(self.pieces)
 
 
-def _rng(messages: Sequence[Message], seed: int | None) -> random.Random:
-    payload = orjson.dumps([seed, [[m.role, m.text] for m in messages]])
+def answer_rng(messages: Sequence[Message], seed: int | None, choice: int = 0) -> random.Random:
+    """The draws of one choice's answer: from the messages (role and text) and the seed."""
+    head: list[object] = [seed] if choice == 0 else [seed, choice]
+    payload = orjson.dumps([*head, [[m.role, m.text] for m in messages]])
     digest = hashlib.blake2b(payload, digest_size=16).digest()
     return random.Random(int.from_bytes(digest, "big"))
 
 
 def answer_pieces(
-    messages: Sequence[Message], seed: int | None, *, min_tokens: int = 20, max_tokens: int = 300
+    messages: Sequence[Message],
+    seed: int | None,
+    *,
+    min_tokens: int = 20,
+    max_tokens: int = 300,
+    choice: int = 0,
 ) -> tuple[str, ...]:
-    """The full natural answer to ``messages``: sentences of words, commas and full stops."""
-    rng = _rng(messages, seed)
+    """The full natural answer to ``messages``: sentences of words, commas and full stops
+    (``choice``: which of ``n`` answers; 0 is the answer when ``n`` is 1)."""
+    rng = answer_rng(messages, seed, choice)
     n = rng.randint(min_tokens, max_tokens)
     pieces: list[str] = []
     while len(pieces) < n:

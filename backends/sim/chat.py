@@ -1,9 +1,11 @@
 """``POST /v1/chat/completions``: validate, wait for a slot, then answer in JSON or SSE.
 
 Order of work for one request: read the JSON body; hold while a ``hang`` fault is on; answer
-with an injected error if a fault says so; validate (400), check the model (404) and the context
-window (400); then take an engine slot (FIFO; 503 when the waiting queue is capped and full) and
-answer at the profile's pace. Every outcome, errors included, is one usage-log line.
+with an injected error if a fault says so (``refuses_prefill`` looks at the body); validate
+(400: image parts too, on a profile without vision), check the model (404) and the context
+window (400, image tokens counted); then take an engine slot (FIFO; 503 when the waiting queue
+is capped and full) and answer at the profile's pace. Every outcome, errors included, is one
+usage-log line.
 
 Prefix cache: the slot comes with KV blocks, and the prompt tokens already cached
 (``backends.sim.prefix_cache``) need no prefill, so the time to first token counts only the
@@ -29,7 +31,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from backends.sim.answers import Answer, answer_pieces, continuation_pieces, finish
+from backends.sim.answers import Answer
 from backends.sim.engine import QueueFull
 from backends.sim.errors import (
     SimError,
@@ -38,14 +40,19 @@ from backends.sim.errors import (
     model_not_found,
     overloaded,
 )
-from backends.sim.faults import Faults, fault_error
-from backends.sim.request import SimChatRequest, parse_chat_request
+from backends.sim.faults import Faults, fault_error, prefill_refused
+from backends.sim.output import choice_answers
+from backends.sim.profiles import Flavor
+from backends.sim.request import Message, parse_chat_request
 from backends.sim.state import SIM_STATE, SimState
 from backends.sim.tokens import chat_tokens, tokenize
 from backends.sim.usage_log import UsageRecord
 from backends.sim.wire import DONE, ChunkEncoder, completion_body
 
 __all__ = ["chat_completions"]
+
+_NATURAL = ("stop", "tool_calls")
+"""Finish reasons after which the last token sampled was the end of turn."""
 
 _MIN_SLEEP_S = 0.002
 _GONE_POLL_S = 0.05
@@ -60,14 +67,43 @@ class _Job:
     include_usage: bool
     prompt: list[str]
     """The prompt's tokens (``backends.sim.tokens.chat_tokens``)."""
-    answer: Answer
+    answers: tuple[Answer, ...]
+    """One per choice (``n``)."""
     faults: Faults
     continuous_usage: bool = False
     """Usage in every chunk (vLLM's ``stream_options.continuous_usage_stats``)."""
+    top_logprobs: int | None = None
+    """With ``logprobs``: alternatives per token; ``None``: no logprobs."""
+
+    @property
+    def answer(self) -> Answer:
+        """The first choice's answer (the one that drives the prefix cache)."""
+        return self.answers[0]
+
+    @property
+    def steps(self) -> int:
+        """Decoding steps: the longest choice's pieces (the choices decode side by side)."""
+        return max(len(a.pieces) for a in self.answers)
+
+    @property
+    def total_tokens(self) -> int:
+        """Completion tokens of every choice (vLLM's ``usage.completion_tokens``)."""
+        return sum(len(a.pieces) for a in self.answers)
 
     @property
     def completion_id(self) -> str:
         return f"chatcmpl-{self.request_id}"
+
+    def body(self, model: str, flavor: Flavor) -> bytes:
+        return completion_body(
+            completion_id=self.completion_id,
+            model=model,
+            flavor=flavor,
+            answers=self.answers,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.total_tokens,
+            top_logprobs=self.top_logprobs,
+        )
 
     @property
     def prompt_tokens(self) -> int:
@@ -82,15 +118,9 @@ def _computed(pieces: Sequence[str], natural_end: bool) -> list[str]:
     return tokens if natural_end else tokens[:-1]
 
 
-def _natural_pieces(state: SimState, req: SimChatRequest) -> tuple[str, ...]:
-    p = state.profile
-    lengths = {"min_tokens": p.min_output_tokens, "max_tokens": p.max_output_tokens}
-    if req.continue_final:
-        full = answer_pieces(req.messages[:-1], req.seed, **lengths)
-        rest = continuation_pieces(full, req.messages[-1].text)
-        if rest is not None:
-            return rest
-    return answer_pieces(req.messages, req.seed, **lengths)
+def _success_reason(finish_reason: str) -> str:
+    """The engine's ``finished_reason`` (a tool call is a natural stop to the engine)."""
+    return "stop" if finish_reason == "tool_calls" else finish_reason
 
 
 def _plan(state: SimState, body: Any, request_id: str, arrived: float, faults: Faults) -> _Job:
@@ -98,7 +128,17 @@ def _plan(state: SimState, body: Any, request_id: str, arrived: float, faults: F
     req = parse_chat_request(body, supports_continuation=p.supports_continuation)
     if req.model is not None and req.model != p.name:
         raise model_not_found(p.flavor, req.model)
-    tokens = chat_tokens(req.messages, continue_final=req.continue_final)
+    if p.kind == "embedding":
+        raise SimError(400, "The model does not support Chat Completions API")
+    rendered = req.messages
+    if req.tools_text:  # the template renders the tool definitions into the prompt
+        rendered = (Message("system", req.tools_text), *rendered)
+    if req.image_tokens and not p.vision:
+        raise SimError(400, f"{p.name} is a text-only model: image input is not supported",
+                       param="messages", openai_code="invalid_value")  # fmt: skip
+    tokens = chat_tokens(rendered, continue_final=req.continue_final)
+    if req.image_tokens:  # the images' tokens follow the start of the prompt
+        tokens[1:1] = ["<|image|>"] * req.image_tokens
     prompt = len(tokens)
     room = p.max_model_len - prompt
     if (req.max_tokens is None and room < 1) or (req.max_tokens or 0) > room:
@@ -107,13 +147,16 @@ def _plan(state: SimState, body: Any, request_id: str, arrived: float, faults: F
         )
     limit = req.max_tokens if req.max_tokens is not None else room
     if faults.content_filter:
-        answer = Answer((), "content_filter")
+        answers: tuple[Answer, ...] = (Answer((), "content_filter"),) * req.n
     else:
-        answer = finish(_natural_pieces(state, req), stop=req.stop, limit=limit)
+        lengths = {"min_tokens": p.min_output_tokens, "max_tokens": p.max_output_tokens}
+        answers = choice_answers(req, lengths=lengths, limit=limit)
     continuous = req.continuous_usage and p.flavor == "vllm"  # hosted APIs have no such option
+    top = req.top_logprobs if req.logprobs else None
     return _Job(
-        request_id, arrived, req.stream, req.include_usage, tokens, answer, faults, continuous
-    )
+        request_id, arrived, req.stream, req.include_usage, tokens, answers, faults, continuous,
+        top,
+    )  # fmt: skip
 
 
 def _log(state: SimState, job_or_id: _Job | str, stream: bool, status: int, **fields: Any) -> None:
@@ -160,6 +203,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         )
         if injected is not None:
             raise injected
+        refused = prefill_refused(faults, body)
+        if refused is not None:
+            raise refused
         job = _plan(state, body, request_id, arrived, faults)
     except SimError as err:
         _log(state, request_id, stream, err.status, fault=err.fault)
@@ -181,16 +227,17 @@ def _queue_full(state: SimState, job: _Job) -> web.Response:
 async def _complete(request: web.Request, state: SimState, job: _Job) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     engine, metrics = state.engine, state.metrics
-    pieces = job.answer.pieces
+    pieces, steps = job.answer.pieces, job.steps
     cut = job.faults.cut_after_tokens
-    cutting = cut is not None and cut < len(pieces)
+    cutting = cut is not None and cut < steps
     stall_at = job.faults.stall_after_tokens
-    if not cutting and stall_at and stall_at < len(pieces):
+    if not cutting and stall_at and stall_at < steps:
         return await _stalled_complete(request, state, job, stall_at)
-    generated = cut if cut is not None and cutting else len(pieces)
-    natural_end = not cutting and job.answer.finish_reason == "stop"
+    generated = cut if cut is not None and cutting else steps
+    tokens = _tokens_at(job, generated)
+    natural_end = not cutting and job.answer.finish_reason in _NATURAL
     try:
-        async with engine.slot(job.prompt, len(pieces)) as kv:
+        async with engine.slot(job.prompt, job.total_tokens) as kv:
             admitted = loop.time()
             metrics.prompt_tokens += job.prompt_tokens
             ttft = state.ttft_s(kv.prefill_tokens) + job.faults.slow_first_token_ms / 1e3
@@ -201,23 +248,15 @@ async def _complete(request: web.Request, state: SimState, job: _Job) -> web.Str
             kv.generated = _computed(pieces[:generated], natural_end)
     except QueueFull:
         return _queue_full(state, job)
-    metrics.generation_tokens += generated
+    metrics.generation_tokens += tokens
     if generated:
         metrics.ttft.observe(admitted - job.arrived + ttft)
         metrics.itl.observe(itl, generated - 1)
     metrics.e2e.observe(loop.time() - job.arrived)
-    body = completion_body(
-        completion_id=job.completion_id,
-        model=state.profile.name,
-        flavor=state.profile.flavor,
-        text="".join(pieces),
-        finish_reason=job.answer.finish_reason,
-        prompt_tokens=job.prompt_tokens,
-        completion_tokens=len(pieces),
-    )
+    body = job.body(state.profile.name, state.profile.flavor)
     usage = {
         "prompt_tokens": job.prompt_tokens,
-        "completion_tokens": generated,
+        "completion_tokens": tokens,
         "cached_tokens": kv.cached_tokens,
     }
     headers = {"x-request-id": job.request_id}
@@ -230,11 +269,24 @@ async def _complete(request: web.Request, state: SimState, job: _Job) -> web.Str
         await response.prepare(request)
         await response.write(body[: len(body) // 2])
         return _drop(request)
+    if _gone(request):
+        # vLLM aborts a non-streamed request whose client disconnected: nobody got the answer.
+        metrics.success["abort"] += 1
+        _log(state, job, False, 200, **usage, finish_reason="abort")
+        return _drop(request)
     if job.faults.malformed_after_tokens is not None:
-        body = body[: len(body) // 2]  # well framed, but not JSON
-    metrics.success[job.answer.finish_reason] += 1
+        body = body[: len(body) // 2]  # well framed, but not JSON: no client can read it
+        metrics.success["abort"] += 1
+        _log(state, job, False, 200, **usage, finish_reason="abort", fault="malformed_after_tokens")
+        return web.Response(body=body, content_type="application/json", headers=headers)
+    metrics.success[_success_reason(job.answer.finish_reason)] += 1
     _log(state, job, False, 200, **usage, finish_reason=job.answer.finish_reason)
     return web.Response(body=body, content_type="application/json", headers=headers)
+
+
+def _tokens_at(job: _Job, steps: int) -> int:
+    """Completion tokens of every choice after ``steps`` decoding steps."""
+    return sum(min(steps, len(a.pieces)) for a in job.answers)
 
 
 async def _stalled_complete(
@@ -246,22 +298,14 @@ async def _stalled_complete(
     (logged with the tokens generated so far)."""
     loop = asyncio.get_running_loop()
     engine, metrics = state.engine, state.metrics
-    pieces, finish_reason = job.answer.pieces, job.answer.finish_reason
-    body = completion_body(
-        completion_id=job.completion_id,
-        model=state.profile.name,
-        flavor=state.profile.flavor,
-        text="".join(pieces),
-        finish_reason=finish_reason,
-        prompt_tokens=job.prompt_tokens,
-        completion_tokens=len(pieces),
-    )
+    pieces, finish_reason, steps = job.answer.pieces, job.answer.finish_reason, job.steps
+    body = job.body(state.profile.name, state.profile.flavor)
     response = web.StreamResponse(headers={"x-request-id": job.request_id})
     response.content_type = "application/json"
     response.content_length = len(body)
     generated, cached = stall_at, 0
     try:
-        async with engine.slot(job.prompt, len(pieces)) as kv:
+        async with engine.slot(job.prompt, job.total_tokens) as kv:
             admitted = loop.time()
             metrics.prompt_tokens += job.prompt_tokens
             await response.prepare(request)  # a 200 and headers, then no body for a while
@@ -269,27 +313,27 @@ async def _stalled_complete(
             itl = state.itl_s()
             await asyncio.sleep(ttft + itl * (stall_at - 1))
             if await _stall(request, job.faults.stall_ms / 1e3):
-                await asyncio.sleep(itl * (len(pieces) - stall_at))
-                generated = len(pieces)
-            natural_end = generated == len(pieces) and finish_reason == "stop"
+                await asyncio.sleep(itl * (steps - stall_at))
+                generated = steps
+            natural_end = generated == steps and finish_reason in _NATURAL
             kv.generated = _computed(pieces[:generated], natural_end)
             cached = kv.cached_tokens
     except QueueFull:
         return _queue_full(state, job)
-    metrics.generation_tokens += generated
+    metrics.generation_tokens += _tokens_at(job, generated)
     metrics.ttft.observe(admitted - job.arrived + ttft)
     metrics.itl.observe(itl, generated - 1)
     metrics.e2e.observe(loop.time() - job.arrived)
     usage = {
         "prompt_tokens": job.prompt_tokens,
-        "completion_tokens": generated,
+        "completion_tokens": _tokens_at(job, generated),
         "cached_tokens": cached,
     }
-    if generated < len(pieces):
+    if generated < steps:
         metrics.success["abort"] += 1
         _log(state, job, False, 200, **usage, finish_reason="abort", fault="stall_after_tokens")
         return _drop(request)
-    metrics.success[finish_reason] += 1
+    metrics.success[_success_reason(finish_reason)] += 1
     _log(state, job, False, 200, **usage, finish_reason=finish_reason)
     with contextlib.suppress(ConnectionResetError):  # the client left after the stall
         await response.write(body)
@@ -309,7 +353,9 @@ class _Emitter:
         self._itl_sum = 0.0
         self._itl_count = 0
         self.sent = 0
-        """Content tokens written to the socket."""
+        """Content tokens written to the socket (every choice's)."""
+        self.steps = 0
+        """Decoding steps added (each a piece of every choice still going)."""
 
     def add(self, chunk: bytes, *, tokens: int = 0, itl: float | None = None) -> None:
         self._buf.append(chunk)
@@ -365,14 +411,13 @@ async def _emit(
     count: int,
     prefill_tokens: int,
 ) -> None:
-    """Pace and write the role chunk and the first ``count`` content pieces; the first is due
-    after the prefill of ``prefill_tokens``."""
+    """Pace and write the role chunks and the first ``count`` decoding steps (a piece of every
+    choice still going); the first is due after the prefill of ``prefill_tokens``."""
     loop = asyncio.get_running_loop()
     enc = ChunkEncoder(
         completion_id=job.completion_id, model=state.profile.name, flavor=state.profile.flavor
     )
-    pieces, reason = job.answer.pieces, job.answer.finish_reason
-    last = len(pieces) - 1 if count == len(pieces) else -1  # the piece that carries the reason
+    answers, steps, top = job.answers, job.steps, job.top_logprobs
     prompt = job.prompt_tokens if job.continuous_usage else None
     opening = None if prompt is None else (prompt, 0)
     due = loop.time() + state.ttft_s(prefill_tokens)
@@ -393,25 +438,58 @@ async def _emit(
             await emitter.flush()
             await asyncio.sleep(wait)
         if i == 0:
-            emitter.add(enc.role(opening))
-        usage = None if prompt is None else (prompt, i + 1)
-        finish = reason if i == last else None
-        emitter.add(enc.content(pieces[i], finish, usage), tokens=1, itl=itl)
-    if not pieces:  # nothing left to say (a continuation of a complete answer)
+            _open(emitter, enc, answers, opening)
+        _step(emitter, enc, answers, i, prompt, top, itl)
+    if steps == 0:  # nothing left to say (a continuation of a complete answer)
         await asyncio.sleep(max(0.0, due - loop.time()))
-        emitter.add(enc.role(opening))
-        emitter.add(enc.content("", reason, opening))
-    if count < len(pieces):
+        _open(emitter, enc, answers, opening)
+    if count < steps:
         if count == 0:
             await asyncio.sleep(max(0.0, due - loop.time()))
-            emitter.add(enc.role(opening))
+            _open(emitter, enc, answers, opening)
         await emitter.flush()
         return
     if job.include_usage:
-        emitter.add(enc.usage(job.prompt_tokens, len(pieces)))
+        emitter.add(enc.usage(job.prompt_tokens, job.total_tokens))
     if not job.faults.omit_done:
         emitter.add(DONE)
     await emitter.flush()
+
+
+def _step(
+    emitter: _Emitter,
+    enc: ChunkEncoder,
+    answers: tuple[Answer, ...],
+    i: int,
+    prompt: int | None,
+    top: int | None,
+    itl: float | None,
+) -> None:
+    """Decoding step ``i``: the piece of every choice still going."""
+    for index, answer in enumerate(answers):
+        if i >= len(answer.pieces):
+            continue
+        usage = None if prompt is None else (prompt, i + 1)
+        finish = answer.finish_reason if i == len(answer.pieces) - 1 else None
+        chunk = enc.piece(
+            answer, i, index=index, finish_reason=finish, usage=usage, top_logprobs=top
+        )
+        emitter.add(chunk, tokens=1, itl=itl if index == 0 else None)
+    emitter.steps = i + 1
+
+
+def _open(
+    emitter: _Emitter,
+    enc: ChunkEncoder,
+    answers: tuple[Answer, ...],
+    opening: tuple[int, int] | None,
+) -> None:
+    """Each choice's role chunk; a choice with nothing to say ends at once."""
+    for index in range(len(answers)):
+        emitter.add(enc.role(opening, index=index))
+    for index, answer in enumerate(answers):
+        if not answer.pieces:
+            emitter.add(enc.finish(answer.finish_reason, opening, index=index))
 
 
 def _early_end(faults: Faults, length: int) -> tuple[int, str | None]:
@@ -433,7 +511,7 @@ def _early_end(faults: Faults, length: int) -> tuple[int, str | None]:
 async def _stream(request: web.Request, state: SimState, job: _Job) -> web.StreamResponse:
     engine, metrics = state.engine, state.metrics
     pieces = job.answer.pieces
-    count, early = _early_end(job.faults, len(pieces))
+    count, early = _early_end(job.faults, job.steps)
     try:
         engine.check_admission()
     except QueueFull:
@@ -451,14 +529,15 @@ async def _stream(request: web.Request, state: SimState, job: _Job) -> web.Strea
     cached = 0
     try:
         await response.prepare(request)
-        async with engine.slot(job.prompt, len(pieces), bounded=False) as kv:
+        async with engine.slot(job.prompt, job.total_tokens, bounded=False) as kv:
             cached = kv.cached_tokens
             metrics.prompt_tokens += job.prompt_tokens
             try:
                 await _emit(request, emitter, state, job, count, kv.prefill_tokens)
             finally:
-                natural_end = emitter.sent == len(pieces) and finish_reason == "stop"
-                kv.generated = _computed(pieces[: emitter.sent], natural_end)
+                sent = min(emitter.steps, len(pieces))
+                natural_end = emitter.sent == job.total_tokens and finish_reason in _NATURAL
+                kv.generated = _computed(pieces[:sent], natural_end)
     except ConnectionResetError as exc:
         finish_reason = "abort"  # the client went away
         fault = "stall_after_tokens" if isinstance(exc, _LeftInStall) else None
@@ -478,7 +557,7 @@ async def _stream(request: web.Request, state: SimState, job: _Job) -> web.Strea
                 await response.write(b'data: {"id": "chatcmpl-broken", "choices": [\n\n')
             await response.write_eof()
         return response
-    metrics.success[finish_reason] += 1
+    metrics.success[_success_reason(finish_reason)] += 1
     _log(state, job, True, 200, **usage, finish_reason=finish_reason, fault=fault)
     if finish_reason != "abort":
         with contextlib.suppress(ConnectionResetError):  # the client left after [DONE]

@@ -30,6 +30,9 @@ shows is exactly what was last posted, normalised); ``DELETE`` clears it. Keys:
                               after N tokens (the body waits)
 ``stall_ms``                  ... milliseconds (wall clock), then carry on; a client that
                               leaves meanwhile aborts the request (logged at N tokens)
+``refuses_prefill`` (bool)    answer 400 to a request that continues an assistant message
+                              (``continue_final_message``, or a last message from the
+                              assistant): a server that takes no assistant prefill
 ============================  ==============================================================
 
 Fault delays are wall-clock, not scaled by ``time_scale``: they are test instruments for the
@@ -51,7 +54,7 @@ from typing import Any
 from backends.sim.errors import SimError, overloaded, rate_limited
 from backends.sim.profiles import Flavor
 
-__all__ = ["FaultSwitch", "Faults", "InvalidFaults", "fault_error"]
+__all__ = ["FaultSwitch", "Faults", "InvalidFaults", "fault_error", "prefill_refused"]
 
 
 class InvalidFaults(ValueError):
@@ -77,6 +80,7 @@ class Faults:
     omit_done: bool = False
     stall_after_tokens: int | None = None
     stall_ms: float = 0.0
+    refuses_prefill: bool = False
 
     @classmethod
     def from_json(cls, data: Any) -> Faults:
@@ -109,6 +113,7 @@ _BOOLS = frozenset(
         "reset",
         "content_filter",
         "omit_done",
+        "refuses_prefill",
     }
 )
 _INTS = frozenset(
@@ -207,3 +212,23 @@ def fault_error(
             status, f"Simulated error {status} (fault injection).", fault="error_status"
         )
     return None
+
+
+def prefill_refused(faults: Faults, body: Any) -> SimError | None:
+    """The 400 a ``refuses_prefill`` fault answers a request continuing an assistant message
+    with (``continue_final_message``, or a last message from the assistant); else ``None``."""
+    if not faults.refuses_prefill or not isinstance(body, Mapping):
+        return None
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    prefill = body.get("continue_final_message") is True or (
+        isinstance(last, Mapping) and last.get("role") == "assistant"
+    )
+    if not prefill:
+        return None
+    return SimError(
+        400,
+        "This model does not support assistant message prefill (fault injection).",
+        param="messages",
+        fault="refuses_prefill",
+    )

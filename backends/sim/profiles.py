@@ -16,6 +16,10 @@ the tiers (small/fast, large/slow, external/high-TTFT) is right; none of them is
     ~28 tokens/s single-stream (ITL 35 ms), 2x slower per token at a full batch of 16. KV: ~30 GiB
     left at 320 KiB per token (80 layers) is ~98k tokens (6,144 blocks), so 16 long requests can
     fill it.
+``bge-m3`` (vLLM ``--task embed``, one L4 24 GB, an embedding model)
+    An encoder only: no decode, so a request costs its prefill alone, ~40k tokens/s for a
+    568M-parameter model (0.025 ms per token) on a ~5 ms fixed cost. 1024-dimensional vectors,
+    8192 tokens per input. Serves ``/v1/embeddings`` only (chat answers 400, as vLLM does).
 ``gpt-4o-mini`` (a hosted OpenAI-style API)
     Public latency trackers put TTFT at 0.3-0.5 s and output speed at ~80-120 tokens/s (ITL 8 ms).
     Capacity is effectively unbounded from one client's point of view: 1024 concurrent requests and
@@ -32,9 +36,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-__all__ = ["PROFILES", "Flavor", "SimProfile"]
+__all__ = ["PROFILES", "Flavor", "Kind", "SimProfile"]
 
 Flavor = Literal["vllm", "openai"]
+Kind = Literal["chat", "embedding"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,12 @@ class SimProfile:
     """Tokens per KV block (vLLM's ``--block-size``, 16 by default on GPUs)."""
     enable_prefix_caching: bool = True
     """Automatic prefix caching, on by default as in vLLM V1 (``backends.sim.prefix_cache``)."""
+    vision: bool = False
+    """Whether image parts are accepted (a vision model); a text-only model answers them 400."""
+    kind: Kind = "chat"
+    """``embedding``: serves ``/v1/embeddings`` (``backends.sim.embeddings``) and not chat."""
+    dimensions: int = 0
+    """An embedding model's vector length."""
 
     def __post_init__(self) -> None:
         if self.max_model_len < 1 or self.max_num_seqs < 1 or self.block_size < 1:
@@ -81,6 +92,10 @@ class SimProfile:
             raise ValueError(f"profile {self.name!r}: load_slowdown must be >= 1")
         if not 1 <= self.min_output_tokens <= self.max_output_tokens:
             raise ValueError(f"profile {self.name!r}: bad output-length range")
+        if (self.kind == "embedding") != (self.dimensions > 0):
+            raise ValueError(
+                f"profile {self.name!r}: an embedding model, and only it, has dimensions"
+            )
 
     @property
     def supports_continuation(self) -> bool:
@@ -115,6 +130,19 @@ PROFILES: Mapping[str, SimProfile] = MappingProxyType(
                 load_slowdown=2.0,
             ),
             SimProfile(
+                name="bge-m3",
+                flavor="vllm",
+                max_model_len=8192,
+                max_num_seqs=64,
+                ttft_base_s=0.005,
+                ttft_per_prompt_token_s=0.000_025,
+                itl_s=0.0,
+                kv_cache_tokens=262_144,
+                enable_prefix_caching=False,
+                kind="embedding",
+                dimensions=1024,
+            ),
+            SimProfile(
                 name="gpt-4o-mini",
                 flavor="openai",
                 max_model_len=128_000,
@@ -123,6 +151,7 @@ PROFILES: Mapping[str, SimProfile] = MappingProxyType(
                 ttft_per_prompt_token_s=0.000_01,
                 itl_s=0.008,
                 kv_cache_tokens=1024 * 128_000,
+                vision=True,
             ),
         )
     }

@@ -30,6 +30,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from backends.sim.chat import chat_completions
+from backends.sim.embeddings import embeddings
 from backends.sim.engine import SimEngine
 from backends.sim.errors import SimError, error_response
 from backends.sim.faults import Faults, FaultSwitch, InvalidFaults
@@ -160,6 +161,7 @@ def create_sim_app(
     app = web.Application(client_max_size=_MAX_BODY_BYTES)
     app[SIM_STATE] = state
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)

@@ -4,7 +4,8 @@ Fields: ``ts`` (Unix seconds, float), ``request_id`` (the ``x-request-id`` heade
 ``model`` (the served model id), ``stream``, ``status`` (the HTTP status sent), ``prompt_tokens``
 and ``completion_tokens`` (as reported to the client, or as far as a cut stream got; 0 when the
 request was refused before counting), ``finish_reason`` (``stop``/``length``; ``abort`` when the
-client left or a fault cut the answer; null for errors) and ``fault`` (the injected fault that
+client left — a non-streamed one too, as vLLM aborts it — or a fault cut the answer or made it
+unreadable; null for errors) and ``fault`` (the injected fault that
 answered with an error or cut the answer, or null). For a cut answer ``completion_tokens`` is
 what the engine generated before the cut (sent, for a stream). ``cached_tokens``: the prompt
 tokens found in the prefix cache (no prefill for them; 0 with caching off or before a slot).

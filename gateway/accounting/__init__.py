@@ -1,6 +1,6 @@
 """Accounting: prices, the SQL ledger, and cost reports."""
 
-from gateway.accounting.ledger import SqlLedger, create_ledger_engine
+from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import Charge, Price, PriceBook, load_litellm_cost_map
 from gateway.accounting.records import MICRO, Attempt, Ledger, LedgerEntry, to_micro
 from gateway.accounting.reports import (
@@ -28,7 +28,6 @@ __all__ = [
     "PriceBook",
     "SqlLedger",
     "cost_report",
-    "create_ledger_engine",
     "load_litellm_cost_map",
     "render_csv",
     "render_json",

@@ -13,6 +13,9 @@ __all__ = ["RELEASE_SCRIPT", "RESERVE_SCRIPT", "SEED_SCRIPT", "SETTLE_SCRIPT"]
 
 # KEYS: the reservation, the tenant's open set, the budget windows. ARGV: amount, request id,
 # release after (ms), '1' to require seeded windows, then limit, hard, ttl of each window.
+# Returns {1, ''} reserved; {2, window} not seeded; {0, window} refused because that window's
+# spend alone leaves no room (spent); {3, window} refused only because of what in-flight
+# requests hold (it may fit once they settle).
 RESERVE_SCRIPT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {1, ''} end
 if ARGV[4] == '1' then
@@ -26,7 +29,10 @@ for i = 3, #KEYS do
   if ARGV[a + 1] == '1' then
     local spent = tonumber(redis.call('HGET', KEYS[i], 'spent') or '0')
     local reserved = tonumber(redis.call('HGET', KEYS[i], 'reserved') or '0')
-    if spent + reserved + amount > tonumber(ARGV[a]) then return {0, KEYS[i]} end
+    if spent + reserved + amount > tonumber(ARGV[a]) then
+      if spent + amount > tonumber(ARGV[a]) then return {0, KEYS[i]} end
+      return {3, KEYS[i]}
+    end
   end
 end
 local ttl = 0

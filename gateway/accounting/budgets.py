@@ -48,13 +48,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.accounting.budget_alerts import BudgetAlerts
 from gateway.accounting.budget_scripts import (
     RELEASE_SCRIPT,
     RESERVE_SCRIPT,
@@ -63,14 +64,16 @@ from gateway.accounting.budget_scripts import (
 )
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import LedgerEntry, to_micro
-from gateway.errors import BudgetExceeded, ServiceUnavailable
+from gateway.errors import BudgetBusy, BudgetExceeded, ServiceUnavailable
 from gateway.metrics import Metrics
-from gateway.queue.jobs import Job
+from gateway.queue.keys import RedisKeys
 from gateway.settings import BudgetSettings, QueueSettings
+from router.plan import RoutePlan
 
 __all__ = [
     "BudgetBook",
     "BudgetStatus",
+    "BudgetedRequest",
     "Released",
     "release_bound_s",
     "window_bounds",
@@ -78,6 +81,23 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class BudgetedRequest(Protocol):
+    """What a reservation reads of a queued request (``gateway.queue.jobs.Job``)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def app(self) -> str | None: ...
+    @property
+    def tags(self) -> tuple[str, ...]: ...
+    @property
+    def received_at(self) -> float: ...
+    @property
+    def plan(self) -> RoutePlan: ...
 
 
 class SpentSource(Protocol):
@@ -94,8 +114,6 @@ class SpentSource(Protocol):
     ) -> int: ...
 
 
-PROMPT_ESTIMATE_MARGIN = 1.25
-"""Prompt tokens are estimated before the call; reserve a quarter more."""
 RESERVATION_TTL_S = 6 * 3600
 """A settled marker lives four times this (a replayed settlement changes nothing meanwhile); so
 does a released reservation (a settlement that comes after its release books it once)."""
@@ -104,6 +122,8 @@ RELEASE_MARGIN_S = 300
 dead worker's job reclaimed (idle 15 s, its heartbeat gone after 6 s, looked for every 7.5 s)
 and booked at once as past its deadline, the edge's wait for a started job (5 s), the ledger
 write and the settlement (a few Redis round trips, 1 s timeouts). About a minute; five here."""
+BUSY_RETRY_AFTER_S = 1.0
+"""``Retry-After`` of a refusal only in-flight reservations caused: they settle in seconds."""
 RELEASE_BATCH = 500
 """Most reservations one release script handles (it runs again while it finds this many)."""
 
@@ -133,18 +153,32 @@ def window_bounds(window: str, at: datetime) -> tuple[datetime, datetime]:
 
 
 def worst_case_micro(
-    prices: PriceBook, deployments: Sequence[str], prompt_tokens: int, max_tokens: int
+    prices: PriceBook,
+    deployments: Sequence[str],
+    prompt_tokens: int,
+    max_tokens: int | None,
+    *,
+    at: float | None = None,
+    choices: int = 1,
 ) -> int:
-    """The most a request can cost: its estimated prompt (plus a margin) and ``max_tokens`` of
-    output on the dearest deployment of its plan (a fallback may answer). Deployments with an
-    unknown price add nothing (their rows are flagged and settled at the reservation)."""
-    prompt = math.ceil(prompt_tokens * PROMPT_ESTIMATE_MARGIN) + 16
+    """The most a request can cost: ``prompt_tokens`` (an upper bound:
+    ``gateway.accounting.bounds.prompt_token_bound``) and its output limit on the dearest
+    deployment of its plan (a fallback may answer). The output limit is ``max_tokens`` (the
+    client's, or a rule's cap), never more than the deployment's context (``max_model_len``),
+    which is also the limit without one; ``choices`` (``n``) answers of it each, the prompt
+    billed once. Priced at what settlement will use: the price of the
+    request's pricing period (``at``: when it was received). Rounded up, so a reservation is
+    never a fraction of a micro-dollar short. Deployments with an unknown price add nothing
+    (their rows are flagged and settled at the reservation)."""
     worst = Decimal(0)
     for model in deployments:
-        price = prices.price_of(model)
+        price = prices.price_of(model, at=at)
         if price is not None:
-            worst = max(worst, price.input_per_token * prompt + price.output_per_token * max_tokens)
-    return to_micro(worst)
+            limit = prices.output_limit(model)
+            output = limit if max_tokens is None else min(max_tokens, limit)
+            output_cost = price.output_per_token * output * choices
+            worst = max(worst, price.input_per_token * prompt_tokens + output_cost)
+    return to_micro(worst, rounding=ROUND_CEILING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,15 +219,18 @@ class BudgetBook:
         metrics: Metrics | None = None,
         ledger: SpentSource | None = None,
         release_after_s: float = DEFAULT_RELEASE_AFTER_S,
+        alerts: BudgetAlerts | None = None,
     ) -> None:
         """``budgets``: each tenant's, read at every use (a live view such as
         ``TenantDirectory.budgets``); ``ledger``: seeds each budget window from SQL (none:
         windows start at zero); ``release_after_s``: when a reservation no settlement came for
-        is released (``release_bound_s`` of the queue's longest timeout)."""
+        is released (``release_bound_s`` of the queue's longest timeout); ``alerts``: where a
+        settlement that reaches an ``alert_at`` threshold is sent (``BudgetAlerts``)."""
         self._redis = redis
         self._ledger = ledger
         self._prices = prices
         self._prefix = prefix
+        self._keys = RedisKeys(prefix)
         self._budgets = budgets
         self._metrics = metrics
         self._reserve = redis.register_script(RESERVE_SCRIPT)
@@ -201,24 +238,22 @@ class BudgetBook:
         self._settle = redis.register_script(SETTLE_SCRIPT)
         self._release = redis.register_script(RELEASE_SCRIPT)
         self._release_after_ms = max(math.ceil(release_after_s * 1000), 0)
+        self._alerts = alerts
 
     def budgets(self, tenant: str) -> tuple[BudgetSettings, ...]:
         return tuple(self._budgets.get(tenant, ()))
 
-    def _tag(self, tenant: str) -> str:
-        return f"{self._prefix}:{{budget:{tenant}}}"
-
     def _open(self, tenant: str) -> str:
-        return f"{self._tag(tenant)}:open"
+        return self._keys.budget_open(tenant)
 
     @property
     def sweep_key(self) -> str:
         """Whose turn it is to sweep (``gateway.accounting.sweep``); no tenant's slot."""
-        return f"{self._prefix}:budgets:sweep"
+        return self._keys.budget_sweep
 
     def _key(self, tenant: str, budget: BudgetSettings, at: datetime) -> str:
         start, _end = window_bounds(budget.window, at)
-        return f"{self._tag(tenant)}:b:{budget.name}:{start.date().isoformat()}"
+        return self._keys.budget_window(tenant, budget.name, start.date().isoformat())
 
     def _applicable(
         self, tenant: str, app: str | None, tags: Sequence[str]
@@ -250,7 +285,7 @@ class BudgetBook:
         if not budgets:
             return
         at = at or datetime.now(UTC)
-        keys = [f"{self._tag(tenant)}:res:{request_id}", self._open(tenant)]
+        keys = [self._keys.budget_reservation(tenant, request_id), self._open(tenant)]
         seeded = "1" if self._ledger is not None else "0"
         args: list[int | str] = [amount_micro_usd, request_id, self._release_after_ms, seeded]
         for b in budgets:
@@ -267,13 +302,19 @@ class BudgetBook:
             raise ServiceUnavailable(f"budgets unavailable: {type(exc).__name__}") from exc
         except SQLAlchemyError as exc:
             raise ServiceUnavailable(f"budgets unavailable: {type(exc).__name__}") from exc
-        if not int(ok):
+        if int(ok) in (0, 3):
             name = next(b.name for b in budgets if self._key(tenant, b, at) == _text(key))
             if self._metrics is not None:
                 self._metrics.budget_refusals.labels(tenant, name).inc()
+            worst = Decimal(amount_micro_usd).scaleb(-6)
+            if int(ok) == 3:
+                raise BudgetBusy(
+                    f"budget {name!r} of tenant {tenant!r} is held by requests in flight; "
+                    f"this one (up to ${worst}) fits once they settle",
+                    retry_after=BUSY_RETRY_AFTER_S,
+                )
             raise BudgetExceeded(
-                f"budget {name!r} of tenant {tenant!r} cannot cover this request "
-                f"(up to ${Decimal(amount_micro_usd).scaleb(-6)})"
+                f"budget {name!r} of tenant {tenant!r} cannot cover this request (up to ${worst})"
             )
 
     async def _seed(self, tenant: str, budget: BudgetSettings, at: datetime) -> None:
@@ -286,29 +327,45 @@ class BudgetBook:
         await self._seed_script(keys=[key], args=[booked, self._ttl(budget, at)])
         log.info("budget %s of %s seeded from the ledger: %d uUSD", budget.name, tenant, booked)
 
-    async def reserve_job(self, job: Job, prompt_tokens: int, max_tokens: int) -> None:
-        """Reserve the worst case of ``job`` (its plan, estimated prompt, ``max_tokens``)."""
+    async def reserve_job(
+        self, job: BudgetedRequest, prompt_tokens: int, max_tokens: int | None, *, choices: int = 1
+    ) -> None:
+        """Reserve the worst case of ``job``: ``prompt_tokens`` (an upper bound,
+        ``prompt_token_bound``) and ``max_tokens`` of output (``None``: the client set none;
+        a rule's cap applies either way) on its plan's dearest deployment, at the price of its
+        pricing period (``PriceBook.ensure_rates``)."""
         if not self.budgets(job.tenant):
             return
+        caps = [m for m in (max_tokens, job.plan.max_tokens) if m is not None]
+        try:
+            await self._prices.ensure_rates(job.received_at)
+        except (RedisError, OSError) as exc:
+            raise ServiceUnavailable(f"budgets unavailable: {type(exc).__name__}") from exc
         await self.reserve(
             tenant=job.tenant,
             request_id=job.request_id,
             app=job.app,
             tags=job.tags,
             amount_micro_usd=worst_case_micro(
-                self._prices, job.plan.deployments, prompt_tokens, max_tokens
+                self._prices,
+                job.plan.deployments,
+                prompt_tokens,
+                min(caps) if caps else None,
+                at=job.received_at,
+                choices=choices,
             ),
             at=datetime.fromtimestamp(job.received_at, UTC),
         )
 
     async def settle(self, entry: LedgerEntry) -> None:
         """Turn the request's reservation into its real cost (once per request id)."""
-        actual = -1 if entry.cost_micro_usd is None else entry.cost_micro_usd
+        nano = entry.cost_nano  # rounded up: a budget's spend is never below the rows'
+        actual = -1 if nano is None else -(-nano // 1000)
         await self._settle_request(
             entry.tenant, entry.request_id, entry.app, entry.tags, entry.created_at, actual
         )
 
-    async def settle_unbooked(self, job: Job) -> None:
+    async def settle_unbooked(self, job: BudgetedRequest) -> None:
         """Settle ``job``'s reservation at no cost: a repeat answered with its first request's
         reply (idempotency), which runs nothing and has no ledger row of its own."""
         at = datetime.fromtimestamp(job.received_at, UTC)
@@ -326,8 +383,12 @@ class BudgetBook:
         budgets = self._applicable(tenant, app, tags)
         if not budgets:
             return
-        tag = self._tag(tenant)
-        keys = [f"{tag}:res:{request_id}", f"{tag}:done:{request_id}", self._open(tenant)]
+        k = self._keys
+        keys = [
+            k.budget_reservation(tenant, request_id),
+            k.budget_settled(tenant, request_id),
+            self._open(tenant),
+        ]
         keys += [self._key(tenant, b, at) for b in budgets]
         ttl = max(self._ttl(b, at) for b in budgets)
         args: list[int | str] = [actual, RESERVATION_TTL_S * 4, ttl, request_id]
@@ -339,7 +400,11 @@ class BudgetBook:
         """Take the reservations of ``tenant`` that are due (made ``release_after_s`` ago and
         never settled) back out of their windows' ``reserved``: atomically, once each, safe
         with other sweepers and settlements at the same time. Redis errors propagate."""
-        args: list[int | str] = [f"{self._tag(tenant)}:res:", RELEASE_BATCH, RESERVATION_TTL_S * 4]
+        args: list[int | str] = [
+            self._keys.budget_reservation(tenant, ""),
+            RELEASE_BATCH,
+            RESERVATION_TTL_S * 4,
+        ]
         count = total = 0
         while True:
             released, amount, due = await self._release(keys=[self._open(tenant)], args=args)
@@ -375,11 +440,14 @@ class BudgetBook:
         at: datetime,
         spent: Mapping[str, int],
     ) -> None:
-        if self._metrics is None:
-            return
         for b in budgets:
             value = spent.get(self._key(tenant, b, at))
             if value is None:
+                continue
+            if self._alerts is not None:
+                start, _end = window_bounds(b.window, at)
+                self._alerts.observe(tenant, b, start, value, to_micro(b.limit_usd))
+            if self._metrics is None:
                 continue
             ratio = value / to_micro(b.limit_usd)
             self._metrics.budget_spent_ratio.labels(tenant, b.name).set(ratio)

@@ -32,8 +32,8 @@ cancelled before its first chunk: no invoice comes from our own GPUs, whose hour
 true-up charges in full anyway (docs/costs.md).
 
 A call still in flight when its worker died is booked by the run that takes the job over, from
-what the dead run's note says about it (``gateway.queue.notes``; ``interrupted``): the same
-rules, with what the note knows in place of what the dead worker knew.
+what the dead run's note says about it (``gateway.queue.ownership.notes``; ``interrupted``): the
+same rules, with what the note knows in place of what the dead worker knew.
 """
 
 from __future__ import annotations

@@ -16,55 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, bindparam, event, false, func, select, text
+from sqlalchemy import and_, bindparam, case, false, func, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import URL, RowMapping, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.engine import URL, RowMapping
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
 from gateway.accounting.migrate import sqlite_migration_lock, upgrade
 from gateway.accounting.records import Attempt, LedgerEntry
 from gateway.accounting.schema import ledger_entries
-from gateway.accounting.supersede import BOOKED_FIELDS, fold
+from gateway.accounting.supersede import BOOKED_FIELDS, CLIENT_FIELDS, fold
+from gateway.codec import NATIVE, RecordCodec
+from gateway.sqlengine import create_sql_engine
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlLedger", "create_ledger_engine"]
-
-SQLITE_BUSY_TIMEOUT_MS = 10_000
-_DIALECTS = ("sqlite", "postgresql")
-
-
-def create_ledger_engine(url: str | URL, **engine_kwargs: Any) -> AsyncEngine:
-    """An async engine for ``url`` set up for the ledger (SQLite: WAL, busy timeout, parent dir)."""
-    parsed = make_url(url)
-    backend = parsed.get_backend_name()
-    if backend not in _DIALECTS:
-        raise ValueError(f"unsupported ledger database {backend!r}: use sqlite or postgresql")
-    if backend == "sqlite":
-        database = parsed.database or ""
-        if database in ("", ":memory:") or database.startswith("file::memory:"):
-            # One shared connection, or every connection would see its own empty database.
-            engine_kwargs.setdefault("poolclass", StaticPool)
-        else:
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
-    else:
-        engine_kwargs.setdefault("pool_pre_ping", True)
-    engine = create_async_engine(parsed, **engine_kwargs)
-    if backend == "sqlite":
-        event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
-    return engine
-
-
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
-    finally:
-        cursor.close()
+__all__ = ["SqlLedger"]
 
 
 def _upsert(dialect: str) -> Insert:
@@ -79,15 +46,26 @@ def _upsert(dialect: str) -> Insert:
         raise ValueError(f"unsupported ledger dialect {dialect!r}")
     t, new = ledger_entries.c, insert.excluded
     now = bindparam("superseded_now", type_=t.superseded_at.type)
-    replaced: dict[str, Any] = {name: new[name] for name in BOOKED_FIELDS}
+    run_after = and_(t.provisional.is_(True), new.provisional.is_(False))
+    answer_after = and_(
+        t.provisional.is_(False), t.superseded_at.is_(None), new.provisional.is_(True)
+    )
+    replaced: dict[str, Any] = {
+        name: case((run_after, new[name]), else_=t[name]) for name in BOOKED_FIELDS
+    }
+    replaced.update(
+        {name: case((answer_after, new[name]), else_=t[name]) for name in CLIENT_FIELDS}
+    )
     replaced["provisional"] = false()
     replaced["superseded_at"] = func.coalesce(new.superseded_at, now)
     upsert: Insert = insert.on_conflict_do_update(
-        index_elements=[t.request_id],
-        set_=replaced,
-        where=and_(t.provisional.is_(True), new.provisional.is_(False)),
+        index_elements=[t.request_id], set_=replaced, where=or_(run_after, answer_after)
     )
     return upsert
+
+
+_ROW = RecordCodec(LedgerEntry, {datetime: NATIVE, Attempt: (Attempt.to_dict, Attempt.from_dict)})
+"""Column values: one column per field (``tags`` and ``attempts`` JSON), times as the driver's."""
 
 
 def entry_to_row(entry: LedgerEntry) -> dict[str, Any]:
@@ -95,71 +73,13 @@ def entry_to_row(entry: LedgerEntry) -> dict[str, Any]:
     (``price_known`` false), whatever the entry says; a naive ``created_at`` is refused."""
     if entry.created_at.tzinfo is None or entry.created_at.utcoffset() is None:
         raise ValueError(f"{entry.request_id}: created_at must be timezone-aware")
-    return {
-        "request_id": entry.request_id,
-        "tenant": entry.tenant,
-        "principal": entry.principal,
-        "created_at": entry.created_at,
-        "outcome": entry.outcome,
-        "status_code": entry.status_code,
-        "requested_model": entry.requested_model,
-        "tier": entry.tier,
-        "deployment": entry.deployment,
-        "rule": entry.rule,
-        "score": entry.score,
-        "stream": entry.stream,
-        "app": entry.app,
-        "tags": list(entry.tags),
-        "prompt_tokens": entry.prompt_tokens,
-        "completion_tokens": entry.completion_tokens,
-        "cost_micro_usd": entry.cost_micro_usd,
-        "baseline_micro_usd": entry.baseline_micro_usd,
-        "price_known": entry.price_known and entry.cost_micro_usd is not None,
-        "latency_ms": entry.latency_ms,
-        "ttft_ms": entry.ttft_ms,
-        "queue_ms": entry.queue_ms,
-        "attempts": [a.to_dict() for a in entry.attempts],
-        "idempotency_key": entry.idempotency_key,
-        "estimated_micro_usd": entry.estimated_micro_usd,
-        "provisional": entry.provisional,
-        "superseded_at": entry.superseded_at,
-    }
+    values = _ROW.to_values(entry)
+    values["price_known"] = entry.price_known and entry.cost_micro_usd is not None
+    return values
 
 
 def row_to_entry(row: RowMapping) -> LedgerEntry:
-    return LedgerEntry(
-        request_id=row["request_id"],
-        tenant=row["tenant"],
-        principal=row["principal"],
-        created_at=row["created_at"],
-        outcome=row["outcome"],
-        status_code=row["status_code"],
-        requested_model=row["requested_model"],
-        tier=row["tier"],
-        deployment=row["deployment"],
-        rule=row["rule"],
-        score=row["score"],
-        stream=bool(row["stream"]),
-        app=row["app"],
-        tags=tuple(str(t) for t in row["tags"]),
-        prompt_tokens=int(row["prompt_tokens"]),
-        completion_tokens=int(row["completion_tokens"]),
-        cost_micro_usd=_int_or_none(row["cost_micro_usd"]),
-        baseline_micro_usd=_int_or_none(row["baseline_micro_usd"]),
-        price_known=bool(row["price_known"]),
-        latency_ms=float(row["latency_ms"]),
-        ttft_ms=row["ttft_ms"],
-        queue_ms=row["queue_ms"],
-        attempts=tuple(Attempt.from_dict(a) for a in row["attempts"]),
-        idempotency_key=row["idempotency_key"],
-        estimated_micro_usd=_int_or_none(row["estimated_micro_usd"]),
-        provisional=bool(row["provisional"]),
-        superseded_at=row["superseded_at"],
-    )
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
+    return _ROW.from_values(row)
 
 
 class SqlLedger:
@@ -177,7 +97,7 @@ class SqlLedger:
     async def connect(
         cls, url: str | URL, *, migrate: bool = True, **engine_kwargs: Any
     ) -> SqlLedger:
-        ledger = cls(create_ledger_engine(url, **engine_kwargs))
+        ledger = cls(create_sql_engine(url, **engine_kwargs))
         if migrate:
             try:
                 await ledger.migrate()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,9 +38,11 @@ __all__ = [
     "upgrade",
 ]
 
+log = logging.getLogger(__name__)
+
 VERSION_TABLE = "tiergate_ledger_version"
 INITIAL_REVISION = "0001"
-HEAD_REVISION = "0006"
+HEAD_REVISION = "0009"
 """The newest revision in ``migrations/versions`` (a test compares it with Alembic's head)."""
 MIGRATION_LOCK_KEY = 0x7469_6572_6761_7465
 _SCRIPTS = Path(__file__).resolve().parent / "migrations"
@@ -81,7 +84,9 @@ def _upgrade(connection: Connection) -> None:
     config = _config(connection)
     if "ledger_entries" in tables and VERSION_TABLE not in tables:
         command.stamp(config, INITIAL_REVISION)
+    before = _current(connection)
     command.upgrade(config, "head")
+    log.info("ledger database migrated from %s to %s", before or "empty", HEAD_REVISION)
 
 
 def _current(connection: Connection) -> str | None:

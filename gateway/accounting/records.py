@@ -8,14 +8,22 @@ from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any, Protocol
 
-__all__ = ["MICRO", "Attempt", "Ledger", "LedgerEntry", "to_micro"]
+__all__ = ["MICRO", "NANO", "Attempt", "Ledger", "LedgerEntry", "to_micro", "to_nano"]
 
 MICRO = Decimal("0.000001")
+NANO = Decimal("0.000000001")
 
 
-def to_micro(amount: Decimal) -> int:
-    """USD → integer micro-dollars (half-even); the ledger's precision."""
-    return int((amount / MICRO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+def to_nano(amount: Decimal) -> int:
+    """USD → integer nano-dollars (half-even): a row's exact cost (a 13-token request on a
+    $0.03/Mtok model is 390 n$, where micro-dollars read 0)."""
+    return int((amount / NANO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+def to_micro(amount: Decimal, *, rounding: str = ROUND_HALF_EVEN) -> int:
+    """USD → integer micro-dollars (half-even; a reservation rounds up); the ledger's
+    precision."""
+    return int((amount / MICRO).quantize(Decimal(1), rounding=rounding))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,32 @@ class LedgerEntry:
     superseded_at: datetime | None = None
     """Set by the ledger, never by a writer: when a run's entry replaced the bookkeeping of this
     provisional row (the row still says what the client got)."""
+    cost_nano_usd: int | None = None
+    """The cost in nano-dollars (``cost_micro_usd`` is it rounded half-even to the micro-dollar,
+    what budgets and rollups add up). ``None``: a row booked before nano-dollars were kept
+    (its cost is ``cost_micro_usd`` x 1000 exactly), or an unknown price."""
+    baseline_nano_usd: int | None = None
+    """Likewise for the baseline."""
+    price_source: str | None = None
+    """Where the prices of its attempts came from (``Price.source``: ``config``, ``litellm
+    <version>``, a GPU rate's id, basis and window), ``; ``-joined; ``None`` when no attempt
+    produced tokens."""
+    endpoint: str = "chat"
+    """The API the client called: ``chat`` (``/v1/chat/completions``), ``completions``,
+    ``responses`` or ``embeddings``; rows booked before 0009 read ``chat``."""
+
+    @property
+    def cost_nano(self) -> int | None:
+        """The cost in nano-dollars, from whichever column holds it."""
+        if self.cost_nano_usd is not None:
+            return self.cost_nano_usd
+        return None if self.cost_micro_usd is None else self.cost_micro_usd * 1000
+
+    @property
+    def baseline_nano(self) -> int | None:
+        if self.baseline_nano_usd is not None:
+            return self.baseline_nano_usd
+        return None if self.baseline_micro_usd is None else self.baseline_micro_usd * 1000
 
     @property
     def usage_estimated(self) -> bool:
@@ -111,7 +145,8 @@ class LedgerEntry:
 
     @property
     def cost_usd(self) -> Decimal | None:
-        return None if self.cost_micro_usd is None else Decimal(self.cost_micro_usd) * MICRO
+        nano = self.cost_nano
+        return None if nano is None else Decimal(nano) * NANO
 
     @property
     def estimated_usd(self) -> Decimal | None:
@@ -122,7 +157,8 @@ class LedgerEntry:
 
     @property
     def baseline_usd(self) -> Decimal | None:
-        return None if self.baseline_micro_usd is None else Decimal(self.baseline_micro_usd) * MICRO
+        nano = self.baseline_nano
+        return None if nano is None else Decimal(nano) * NANO
 
 
 class Ledger(Protocol):

@@ -21,7 +21,6 @@ cost exactly. A day without tokens keeps its whole cost on tenant ``''`` (idle, 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,16 +28,18 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
+from redis.exceptions import RedisError
 from sqlalchemy import Select, and_, delete, func, literal, select, text, true
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from gateway.accounting.gpu_rates import GpuRates
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import to_micro
 from gateway.accounting.reports import day_column, estimate_columns, sum_columns
 from gateway.accounting.schema import gpu_trueup, ledger_daily, ledger_entries
-from gateway.tasks import stop_task
+from gateway.loops import Loop
 
 __all__ = [
     "ROLLUP_COLUMNS",
@@ -170,12 +171,22 @@ class RollupResult:
 
 
 async def _trueup_rows(
-    conn: AsyncConnection, day: date, gpu: Mapping[str, Decimal], now: datetime
+    conn: AsyncConnection,
+    day: date,
+    gpu: Mapping[str, Decimal],
+    now: datetime,
+    running: Mapping[str, tuple[Decimal, int]],
 ) -> list[dict[str, Any]]:
     c = ledger_entries.c
-    hours = paid_hours(day, now)
     rows: list[dict[str, Any]] = []
     for deployment in sorted(gpu):
+        if deployment in running:  # what the replicas recorded running cost (replica-hours)
+            replica_hourly, replica_s = running[deployment]
+            hours = Decimal(replica_s) / 3600
+            pool_usd = replica_hourly * hours
+        else:  # no record: the configured replicas, all the hours that passed
+            hours = paid_hours(day, now)
+            pool_usd = gpu[deployment] * hours
         query = (
             select(
                 c.tenant,
@@ -186,7 +197,7 @@ async def _trueup_rows(
             .group_by(c.tenant)
         )
         usage = {str(t): (int(n), int(b)) for t, n, b in (await conn.execute(query)).all()}
-        paid = to_micro(gpu[deployment] * hours)
+        paid = to_micro(pool_usd)
         shares = allocate(paid, {t: n for t, (n, _b) in usage.items() if n > 0})
         if not shares:
             usage[""] = (0, 0)
@@ -214,9 +225,12 @@ async def rollup_day(
     *,
     gpu: Mapping[str, Decimal] | None = None,
     now: datetime | None = None,
+    running: Mapping[str, tuple[Decimal, int]] | None = None,
 ) -> RollupResult:
-    """Recompute ``day``'s rollups (and GPU true-up for the pools in ``gpu``: model → pool $/h)
-    from the ledger rows, replacing what was there."""
+    """Recompute ``day``'s rollups (and GPU true-up for the pools in ``gpu``: model → pool $/h
+    at its configured replicas) from the ledger rows, replacing what was there. ``running``:
+    model → (one replica's $/h, replica-seconds recorded running on ``day``): the pool's cost
+    is what its replicas ran (``gateway.accounting.gpu_rates``), not the configured count."""
     now = now or datetime.now(UTC)
     async with ledger.engine.begin() as conn:
         if conn.dialect.name == "postgresql":
@@ -228,22 +242,49 @@ async def rollup_day(
         insert = ledger_daily.insert().from_select([*ROLLUP_COLUMNS, "rolled_up_at"], source)
         groups = (await conn.execute(insert)).rowcount
         await conn.execute(delete(gpu_trueup).where(gpu_trueup.c.day == day))
-        trueups = await _trueup_rows(conn, day, gpu or {}, now)
+        trueups = await _trueup_rows(conn, day, gpu or {}, now, running or {})
         if trueups:
             await conn.execute(gpu_trueup.insert(), trueups)
     return RollupResult(day, max(groups, 0), len(trueups))
+
+
+async def replica_time(rates: GpuRates, day: date) -> dict[str, tuple[Decimal, int]]:
+    """Each GPU pool's (replica $/h, replica-seconds recorded running on ``day``); a pool with
+    no record that day is left out (its true-up assumes the configured replicas), and so is
+    every pool when Redis cannot be read (logged)."""
+    out: dict[str, tuple[Decimal, int]] = {}
+    try:
+        for name, pool in rates.pools.items():
+            seconds = await rates.replica_seconds_of_day(name, day)
+            if seconds is not None:
+                out[name] = (pool.replica_hourly_usd, seconds)
+    except (RedisError, OSError) as exc:
+        log.warning("GPU replica record unavailable (%s): true-up at configured replicas", exc)
+        return {}
+    return out
 
 
 class RollupJob:
     """Rolls up yesterday and today every ``interval_s`` (in the worker process)."""
 
     def __init__(
-        self, ledger: SqlLedger, gpu: Mapping[str, Decimal], *, interval_s: float = 300.0
+        self,
+        ledger: SqlLedger,
+        gpu: Mapping[str, Decimal],
+        *,
+        interval_s: float = 300.0,
+        rates: GpuRates | None = None,
     ) -> None:
         self._ledger = ledger
         self._gpu = dict(gpu)
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self._rates = rates
+        self._loop = Loop(
+            "tiergate-ledger-rollups",
+            self.run_once,
+            every_s=interval_s,
+            catch=(SQLAlchemyError, OSError),
+            on_error=lambda exc: log.warning("ledger rollup failed: %s", type(exc).__name__),
+        )
 
     @classmethod
     def from_prices(cls, ledger: SqlLedger, prices: PriceBook, **kwargs: Any) -> RollupJob:
@@ -252,13 +293,10 @@ class RollupJob:
         return cls(ledger, {m: c.hourly_usd for m, c in costs.items() if c is not None}, **kwargs)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="tiergate-ledger-rollups")
+        self._loop.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            await stop_task(self._task)
-            self._task = None
+        await self._loop.aclose()
 
     async def run_once(self, now: datetime | None = None) -> Sequence[RollupResult]:
         """Roll up yesterday, today and the days with rows replaced since their rollup."""
@@ -267,12 +305,8 @@ class RollupJob:
         async with self._ledger.engine.connect() as conn:
             replaced = await replaced_days(conn, now)
         days = sorted({today - timedelta(days=1), today, *replaced})
-        return [await rollup_day(self._ledger, day, gpu=self._gpu, now=now) for day in days]
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except (SQLAlchemyError, OSError) as exc:
-                log.warning("ledger rollup failed: %s", type(exc).__name__)
-            await asyncio.sleep(self._interval_s)
+        out = []
+        for day in days:
+            running = await replica_time(self._rates, day) if self._rates is not None else {}
+            out.append(await rollup_day(self._ledger, day, gpu=self._gpu, now=now, running=running))
+        return out

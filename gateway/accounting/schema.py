@@ -13,9 +13,11 @@ in UTC: ``TIMESTAMPTZ`` on PostgreSQL, UTC text on SQLite; both read back as awa
 Also the daily rollups (``ledger_daily``: tenant x model x tier x tag per UTC day, with the
 requests and cost resting on estimated usage) and the GPU
 true-up (``gpu_trueup``: what each self-hosted pool cost that day, allocated to tenants by token
-share). The schema is created and upgraded by Alembic (``gateway/accounting/migrations``); this
-metadata is what the migrations produce (a test compares them). ``create_schema`` is kept for
-tests that want the tables without migrations.
+share), and the dead letters (``ledger_dead_letters``: ledger events SQL refused, set aside
+by the sink so that the rest keep flowing; ``gateway.accounting.dead_letters``). The schema
+is created and upgraded by Alembic (``gateway/accounting/migrations``); this metadata is what
+the migrations produce (a test compares them). ``create_schema`` is kept for tests that want
+the tables without migrations.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     false,
     text,
 )
@@ -48,9 +51,11 @@ from gateway.sqlschema import create_missing_tables
 __all__ = [
     "SCHEMA_LOCK_KEY",
     "UTCDateTime",
+    "budget_alerts",
     "create_schema",
     "gpu_trueup",
     "ledger_daily",
+    "ledger_dead_letters",
     "ledger_entries",
     "metadata",
 ]
@@ -114,6 +119,17 @@ ledger_entries = Table(
     Column("completion_tokens", BigInteger, nullable=False, default=0),
     Column("cost_micro_usd", BigInteger),
     Column("baseline_micro_usd", BigInteger),
+    Column("cost_nano_usd", BigInteger, comment="NULL before 0008: cost_micro_usd x 1000"),
+    Column("baseline_nano_usd", BigInteger, comment="NULL before 0008: baseline_micro_usd x 1000"),
+    Column("price_source", String, comment="where the prices came from; NULL before 0008"),
+    Column(
+        "endpoint",
+        String,
+        nullable=False,
+        default="chat",
+        server_default="chat",
+        comment="the API called: chat, completions, responses, embeddings",
+    ),
     Column("price_known", Boolean, nullable=False),
     Column("latency_ms", Float, nullable=False, default=0.0),
     Column("ttft_ms", Float),
@@ -203,6 +219,39 @@ gpu_trueup = Table(
     Column("pool_paid_micro_usd", BigInteger, nullable=False),
     Column("paid_hours", Float, nullable=False),
     Column("rolled_up_at", UTCDateTime(), nullable=False),
+)
+
+ledger_dead_letters = Table(
+    "ledger_dead_letters",
+    metadata,
+    Column("stream_id", String, primary_key=True, comment="the event's id in the ledger stream"),
+    Column("request_id", String, comment="the event's request id, when it could be read"),
+    Column("tenant", String, comment="the event's tenant, when it could be read"),
+    Column("reason", String, nullable=False, comment="why it was set aside"),
+    Column(
+        "event",
+        Text,
+        nullable=False,
+        comment="the event as it was in the stream (JSON; characters SQL cannot store escaped)",
+    ),
+    Column("set_aside_at", UTCDateTime(), nullable=False),
+    Index(None, "set_aside_at"),
+)
+
+
+budget_alerts = Table(
+    "budget_alerts",
+    metadata,
+    Column("tenant", String, primary_key=True),
+    Column("budget", String, primary_key=True),
+    Column("window_start", UTCDateTime(), primary_key=True),
+    Column("threshold", Float, primary_key=True, comment="fraction of the limit (alert_at)"),
+    Column("spent_micro_usd", BigInteger, nullable=False),
+    Column("limit_micro_usd", BigInteger, nullable=False),
+    Column("fired_at", UTCDateTime(), nullable=False),
+    Column("status", String, nullable=False, comment="sending, sent, failed or no webhook"),
+    Column("attempts", Integer, nullable=False),
+    Column("error", String, comment="the last attempt's error, when it failed"),
 )
 
 

@@ -1,7 +1,7 @@
 """A provisional ledger row, and the run's entry that replaces its bookkeeping.
 
 The edge answers a job a worker had started 504 when no answer came by the deadline plus a
-grace (``gateway.queue.dispatcher``), and books that answer itself: no attempts, no tokens, $0.
+grace (``gateway.queue.edge.dispatcher``), and books that answer itself: no attempts, no tokens, $0.
 The job may still be running, or be taken over by another worker (its worker died, or handed it
 back at shutdown), and that run books the calls the provider bills. With first-wins idempotency
 the edge's empty row would hide them, so the edge marks its row *provisional*, and the first
@@ -18,11 +18,14 @@ Which field comes from which:
   (the edge's row has neither; budgets and reports group by them), tokens, cost, baseline,
   ``price_known``, ``queue_ms``, attempts, idempotency key, the estimated part of the cost.
 
-The replaced row is no longer provisional and carries ``superseded_at``. Every other row is
-final: a provisional entry never replaces anything (a run's row that came first stays), and a
-replaced row is not replaced again (an event the sink delivers twice is booked once). The SQL
-upsert (``SqlLedger``) and ``fold`` (a batch that holds both entries of one id) apply the same
-rule.
+The two may arrive in either order: a run books before it answers, so its entry can be in the
+ledger when its answer reaches an edge that had already given up (a worker cancelled at
+shutdown, a reply delayed past the grace). Whenever the edge booked a provisional row, its
+client got the edge's answer, so the row is the same either way: the client's part from the
+provisional entry, the bookkeeping from the run's. The replaced row is no longer provisional
+and carries ``superseded_at``; it is not replaced again (an event the sink delivers twice is
+booked once). Every other row is final: first wins. The SQL upsert (``SqlLedger``) and ``fold``
+(a batch that holds both entries of one id) apply the same rule.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from datetime import datetime
 
 from gateway.accounting.records import LedgerEntry
 
-__all__ = ["BOOKED_FIELDS", "fold", "replaces", "superseded"]
+__all__ = ["BOOKED_FIELDS", "CLIENT_FIELDS", "answers", "fold", "replaces", "superseded"]
 
 BOOKED_FIELDS = (
     "tier",
@@ -49,14 +52,30 @@ BOOKED_FIELDS = (
     "attempts",
     "idempotency_key",
     "estimated_micro_usd",
+    "cost_nano_usd",
+    "baseline_nano_usd",
+    "price_source",
 )
 """The columns a run's entry replaces in a provisional row (the bookkeeping)."""
+
+CLIENT_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(LedgerEntry)
+    if f.name not in (*BOOKED_FIELDS, "request_id", "provisional", "superseded_at")
+)
+"""The columns the client's answer sets (kept from, or taken from, the provisional entry)."""
 
 
 def replaces(booked: LedgerEntry, new: LedgerEntry) -> bool:
     """Whether ``new`` replaces what ``booked`` books: only a run's entry over a provisional
     row that was never replaced."""
     return booked.provisional and not new.provisional
+
+
+def answers(booked: LedgerEntry, new: LedgerEntry) -> bool:
+    """Whether ``new`` (the edge's provisional answer) gives ``booked`` (a run's entry that
+    came first, never folded with a provisional one) the client's part."""
+    return new.provisional and not booked.provisional and booked.superseded_at is None
 
 
 def superseded(provisional: LedgerEntry, run: LedgerEntry, at: datetime) -> LedgerEntry:
@@ -67,8 +86,9 @@ def superseded(provisional: LedgerEntry, run: LedgerEntry, at: datetime) -> Ledg
 
 def fold(entries: Iterable[LedgerEntry], at: datetime) -> list[LedgerEntry]:
     """One entry per request id, in first-seen order, as booking ``entries`` one by one would
-    leave it: the first wins, unless it is provisional and a run's entry follows. (One SQL
-    statement must not touch a row twice, so a batch is folded before it is written.)"""
+    leave it: the first wins, except that a provisional entry and a run's are joined whichever
+    came first. (One SQL statement must not touch a row twice, so a batch is folded before it
+    is written.)"""
     out: dict[str, LedgerEntry] = {}
     for entry in entries:
         first = out.get(entry.request_id)
@@ -76,4 +96,6 @@ def fold(entries: Iterable[LedgerEntry], at: datetime) -> list[LedgerEntry]:
             out[entry.request_id] = entry
         elif replaces(first, entry):
             out[entry.request_id] = superseded(first, entry, at)
+        elif answers(first, entry):
+            out[entry.request_id] = superseded(entry, first, at)
     return list(out.values())

@@ -10,14 +10,13 @@ reservation once, so sweeps that overlap (a slow one, a clock jump) are harmless
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.accounting.budgets import BudgetBook
-from gateway.tasks import stop_task
+from gateway.loops import Loop
 
 __all__ = ["SWEEP_INTERVAL_S", "ReservationSweep"]
 
@@ -41,16 +40,21 @@ class ReservationSweep:
         self._book = book
         self._owner = owner
         self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Loop(  # at once on start: a restart after a crash releases what is due
+            "tiergate-budget-sweep",
+            self.run_once,
+            every_s=interval_s,
+            catch=(RedisError, OSError),
+            on_error=lambda exc: log.warning(
+                "budget reservations not swept: %s", type(exc).__name__
+            ),
+        )
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="tiergate-budget-sweep")
+        self._loop.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            await stop_task(self._task)
-            self._task = None
+        await self._loop.aclose()
 
     async def run_once(self) -> bool:
         """Sweep if it is this process's turn; whether it was. Redis errors propagate."""
@@ -59,11 +63,3 @@ class ReservationSweep:
             return False
         await self._book.sweep()
         return True
-
-    async def _run(self) -> None:
-        while True:  # at once on start: a restart after a crash releases what is due
-            try:
-                await self.run_once()
-            except (RedisError, OSError) as exc:
-                log.warning("budget reservations not swept: %s", type(exc).__name__)
-            await asyncio.sleep(self._interval_s)

@@ -18,6 +18,9 @@ Checks, each difference listed with what it is about:
   event is a difference; an event that cannot be decoded is a difference. A provisional event
   whose row a run's entry has replaced since counts as booked; a run's event whose row is still
   provisional, as in flight.
+- **dead letters** — no ledger event was set aside by the sink (``ledger_dead_letters``: events
+  it could not decode or SQL refused); each one is a request the ledger holds no row for, listed
+  with its request id and reason until an operator has dealt with it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import redis.asyncio as aioredis
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from gateway.accounting.dead_letters import DeadLetters
 from gateway.accounting.events import decode_entry
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.records import MICRO, LedgerEntry
@@ -59,6 +63,8 @@ class VerifyReport:
     stream_events: int = 0
     stream_booked: int = 0
     stream_in_flight: int = 0
+    dead_letters: int = 0
+    """Ledger events the sink set aside (``gateway.accounting.dead_letters``)."""
     estimated_rows: int = 0
     """Rows booked in part from estimated usage."""
     estimated_micro_usd: int = 0
@@ -178,7 +184,7 @@ async def _check_rows(
                     *where,
                     c.outcome == "ok",
                     c.price_known.is_(True),
-                    c.cost_micro_usd == 0,
+                    func.coalesce(c.cost_nano_usd, c.cost_micro_usd * 1000) == 0,
                     c.prompt_tokens + c.completion_tokens > 0,
                 )
             )
@@ -265,6 +271,9 @@ def _same(event: LedgerEntry, row: LedgerEntry) -> bool:
             e.cost_micro_usd,
             e.baseline_micro_usd,
             e.estimated_micro_usd,
+            e.cost_nano,
+            e.baseline_nano,
+            e.price_source,
         )
 
     return view(event) == view(row)
@@ -306,6 +315,30 @@ async def _check_stream(
         )
 
 
+_DEAD_LETTERS_LISTED = 20
+
+
+async def _check_dead_letters(ledger: SqlLedger, report: VerifyReport) -> None:
+    letters = DeadLetters(ledger.engine)
+    report.dead_letters = await letters.count()
+    if not report.dead_letters:
+        return
+    for letter in await letters.latest(_DEAD_LETTERS_LISTED):
+        report.differences.append(
+            Difference(
+                "dead letters",
+                f"event {letter.stream_id} (request {letter.request_id}, tenant "
+                f"{letter.tenant}) set aside {letter.set_aside_at:%Y-%m-%d %H:%M:%S}Z, "
+                f"no row: {letter.reason}",
+            )
+        )
+    if report.dead_letters > _DEAD_LETTERS_LISTED:
+        report.notes.append(
+            f"{report.dead_letters} dead letters in all; the newest {_DEAD_LETTERS_LISTED} listed"
+            " (table ledger_dead_letters)"
+        )
+
+
 async def verify_ledger(
     ledger: SqlLedger,
     *,
@@ -320,6 +353,7 @@ async def verify_ledger(
     await _check_rows(ledger, report, start, end)
     await _check_rollups(ledger, report, start, end, today)
     await _check_trueup(ledger, report, start, end)
+    await _check_dead_letters(ledger, report)
     if redis is not None and stream is not None:
         await _check_stream(ledger, report, redis, stream)
     return report

@@ -1,7 +1,12 @@
 """What-if: the same period's tokens priced three ways — as routed, entirely on the external API,
 and entirely on the self-hosted large pool at its measured utilisation.
 
-- **as routed**: what the ledger booked (rows with an unknown price are counted, not priced).
+Every scenario is the whole cost of serving the period's tokens, idle GPU time included, so
+the three compare like with like (each says what it includes, ``Scenario.includes``):
+
+- **as routed**: what the ledger booked (rows with an unknown price are counted, not priced),
+  plus the GPU true-up of the period (the GPU-priced pools' recorded cost beyond what their
+  rows booked: idle time), as the cost report shows it.
 - **external**: every row's prompt and completion tokens at the external deployment's price
   (default: the first ``external`` deployment with a known price).
 - **self-hosted**: the same tokens at the self-hosted pool's effective rate (default: the first
@@ -38,6 +43,8 @@ class Scenario:
     cost_micro_usd: int | None
     """``None`` when the scenario's price is unknown."""
     rate_source: str
+    includes: str = ""
+    """Which costs the figure includes, in words (shown with it)."""
 
     @property
     def cost(self) -> Decimal | None:
@@ -91,13 +98,15 @@ def _pick(deployments: tuple[DeploymentSettings, ...], prices: PriceBook, tier: 
     return None
 
 
-def _scenario(name: str, model: str | None, price: Price | None, sums: CostSums) -> Scenario:
+def _scenario(
+    name: str, model: str | None, price: Price | None, sums: CostSums, includes: str
+) -> Scenario:
     if model is None or price is None:
-        return Scenario(name, model, None, "unknown")
+        return Scenario(name, model, None, "unknown", includes)
     cost = (
         price.input_per_token * sums.prompt_tokens + price.output_per_token * sums.completion_tokens
     )
-    return Scenario(name, model, to_micro(cost), price.source)
+    return Scenario(name, model, to_micro(cost), price.source, includes)
 
 
 async def what_if(
@@ -120,7 +129,18 @@ async def what_if(
         if prices.gpu_cost(self_hosted) is not None:
             hosted_price = await effective_gpu_price(ledger, self_hosted, start, end)
         hosted_price = hosted_price or prices.price_of(self_hosted)
-    routed = Scenario("as_routed", None, sums.cost_micro_usd, "ledger")
+    trueup = to_micro(report.trueup_usd)
+    routed = Scenario(
+        "as_routed",
+        None,
+        to_micro(sums.cost) + trueup,
+        "ledger",
+        "every row at its booked price, plus the GPU true-up of the period "
+        f"(idle GPU time: ${report.trueup_usd})"
+        if report.trueup
+        else "every row at its booked price (no GPU-priced pool trued up in the period)",
+    )
+    measured = hosted_price is not None and hosted_price.source == "gpu-measured"
     return WhatIf(
         tenant=tenant,
         start=start,
@@ -133,8 +153,18 @@ async def what_if(
                 external,
                 None if external is None else prices.price_of(external),
                 sums,
+                "every token at the external provider's price (no GPU cost: the pools idle down)",
             ),
-            _scenario("all_self_hosted", self_hosted, hosted_price, sums),
+            _scenario(
+                "all_self_hosted",
+                self_hosted,
+                hosted_price,
+                sums,
+                "every token at the pool's measured cost per token: GPU hours paid, idle "
+                "included, over the tokens served"
+                if measured
+                else "every token at the pool's configured price (no measured GPU hours)",
+            ),
         ),
     )
 
@@ -155,6 +185,7 @@ def render_what_if(result: WhatIf) -> dict[str, object]:
                 "model": s.model,
                 "cost_usd": None if s.cost is None else f"{s.cost.quantize(MICRO):f}",
                 "rate_source": s.rate_source,
+                "includes": s.includes,
             }
             for s in result.scenarios
         ],

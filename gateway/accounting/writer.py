@@ -3,8 +3,9 @@ into SQL when Redis cannot take them. The ledger is idempotent by request id, so
 travels both ways is still booked once.
 
 Writing an entry is also the moment a request is complete, so the writer settles its budget
-reservation (idempotent by request id) and feeds the GPU-priced pools' throughput meter (and
-refreshes their prices, at most once per ``refresh_s``).
+reservation (idempotent by request id) and adds the GPU-priced pools' tokens to their period's
+counter (``gateway.accounting.gpu_rates``), reading the pools' published rates at most once per
+``refresh_s``.
 
 A settlement Redis cannot take (the entry went to SQL because Redis did not answer, or the
 settlement itself failed) is kept and tried again before the next entry's, so a hard budget's
@@ -26,10 +27,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.budgets import BudgetBook
 from gateway.accounting.events import encode_entry
+from gateway.accounting.gpu_rates import GpuRates
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import Ledger, LedgerEntry
-from gateway.accounting.throughput import ThroughputMeter
 from gateway.coalescer import Coalescer
+from gateway.metrics import Metrics
 from gateway.observability.tracing import Tracing
 
 __all__ = ["LedgerWriter"]
@@ -44,7 +46,7 @@ class LedgerWriter:
         stream: str,
         ledger: Ledger,
         *,
-        meter: ThroughputMeter | None = None,
+        rates: GpuRates | None = None,
         prices: PriceBook | None = None,
         budgets: BudgetBook | None = None,
         refresh_s: float = 1.0,
@@ -52,14 +54,16 @@ class LedgerWriter:
         coalescer: Coalescer | None = None,
         tracing: Tracing | None = None,
         max_pending: int = 10_000,
+        metrics: Metrics | None = None,
     ) -> None:
         """``coalescer``: events go out in the same pipeline as other requests' bookkeeping;
-        ``max_pending``: settlements kept for when Redis answers again."""
+        ``max_pending``: settlements kept for when Redis answers again; ``metrics``: where the
+        booked entries' backend calls are counted (``tiergate_backend_attempts_total``)."""
         self._redis = redis
         self._coalescer = coalescer
         self._stream = stream
         self._ledger = ledger
-        self._meter = meter
+        self._rates = rates
         self._prices = prices
         self._budgets = budgets
         self._refresh_s = refresh_s
@@ -68,19 +72,32 @@ class LedgerWriter:
         self._tracing = tracing or Tracing.off()
         self._pending: OrderedDict[str, LedgerEntry] = OrderedDict()
         self._max_pending = max_pending
+        self._metrics = metrics
 
-    async def write(self, entry: LedgerEntry, *, then: Callable[[], None] | None = None) -> None:
+    async def write(
+        self,
+        entry: LedgerEntry,
+        *,
+        then: Callable[[], None] | None = None,
+        sql_fallback: bool = True,
+    ) -> None:
         """Book ``entry``. ``then`` is called once the event is on its way, before its reply:
         on the coalescer, commands ``then`` queues go out behind the event in its pipeline
-        (the worker acknowledges the job that way, in the same round trip; Redis runs them in
-        order, so a job is never acknowledged before its event)."""
+        (the worker acknowledges the job and sends its answer that way, in the same round trip;
+        Redis runs them in order, so a job is never acknowledged before its event).
+        ``sql_fallback=False``: a Redis failure is raised instead of writing to SQL (the worker
+        tries again, so that its answer can still go out behind the event)."""
 
         async def write(e: LedgerEntry) -> str:
-            return await self._write(e, then)
+            return await self._write(e, then, sql_fallback)
 
         await self._tracing.ledger_write(entry, write)
+        if self._metrics is not None:  # every call the row books, once, when it is booked
+            self._metrics.observe_attempts((a.deployment, a.outcome) for a in entry.attempts)
 
-    async def _write(self, entry: LedgerEntry, then: Callable[[], None] | None = None) -> str:
+    async def _write(
+        self, entry: LedgerEntry, then: Callable[[], None] | None = None, sql_fallback: bool = True
+    ) -> str:
         """Where the entry went: ``stream`` or ``sql``."""
         fields: dict[FieldT, EncodableT] = {"e": encode_entry(entry)}
         try:
@@ -92,6 +109,8 @@ class LedgerWriter:
             else:
                 await self._redis.xadd(self._stream, fields)
         except (RedisError, OSError) as exc:
+            if not sql_fallback:
+                raise
             log.warning("ledger stream unavailable (%s); writing to SQL", type(exc).__name__)
         else:
             await self._settle_budgets(entry)
@@ -145,7 +164,7 @@ class LedgerWriter:
         return len(self._pending)
 
     async def _meter_gpu_tokens(self, entry: LedgerEntry) -> None:
-        if self._meter is None or self._prices is None or not self._prices.gpu_models:
+        if self._rates is None or self._prices is None or not self._prices.gpu_models:
             return
         gpu = set(self._prices.gpu_models)
         tokens: Counter[str] = Counter()
@@ -154,18 +173,19 @@ class LedgerWriter:
                 tokens[attempt.deployment] += attempt.prompt_tokens + attempt.completion_tokens
         try:
             if tokens:
-                await self._meter.record(tokens)
+                await self._rates.record_tokens(tokens)
             await self.refresh_prices()
         except (RedisError, OSError) as exc:
-            log.warning("throughput meter unavailable (%s)", type(exc).__name__)
+            log.warning("GPU token counter unavailable (%s)", type(exc).__name__)
 
     async def refresh_prices(self, *, force: bool = False) -> None:
-        """Re-read the pools' throughput from Redis into the price book (throttled)."""
-        if self._meter is None or self._prices is None:
+        """Read the GPU pools' rates of this period and the next into the price book
+        (throttled; a period's rate never changes once published)."""
+        if self._rates is None or self._prices is None:
             return
         now = self._clock()
         recent = self._refreshed_at is not None and now - self._refreshed_at < self._refresh_s
         if recent and not force:
             return
         self._refreshed_at = now
-        self._prices.update_throughput(await self._meter.tokens_per_s(self._prices.gpu_models))
+        await self._prices.ensure_rates()

@@ -7,19 +7,21 @@ port publishes them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Path, Response
+from pydantic import Field
 
+from gateway.api.access import ADMIN, access
 from gateway.api.deps import ServicesDep
 from gateway.api.error_docs import refusals
 from gateway.api.tenant_views import config_view, runtime_view
-from gateway.auth.access import ADMIN, access
 from gateway.auth.admin import AuthAdmin
 from gateway.auth.tenant_changes import TenantChanges
 from gateway.auth.tenants import TenantProfile, TenantRecord
-from gateway.errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
-from gateway.services import Services
+from gateway.errors import Conflict, InvalidRequest, NotFound
+from gateway.parts import Services
+from gateway.safe_text import SafeName
 
 __all__ = ["admin_of", "router"]
 
@@ -31,17 +33,19 @@ router = APIRouter(
 )
 
 
+TenantName = Annotated[SafeName, Path(min_length=1)]
+"""A config-file tenant's name or a run-time one's (``gateway.auth.tenants.valid_name``)."""
+
+
 class TenantCreate(TenantProfile):
     """A new run-time tenant: its name and any of its settings (the rest take their
     defaults)."""
 
-    name: str
+    name: Annotated[SafeName, Field(min_length=1)]
     """1-63 of a-z, 0-9, '-', '_', starting alphanumeric; not a config-file tenant's."""
 
 
 def admin_of(services: Services) -> AuthAdmin:
-    if services.auth is None:
-        raise ServiceUnavailable("run-time tenants and keys are not enabled in this process")
     return AuthAdmin(services.auth.store, services.auth.changes, services.auth)
 
 
@@ -76,7 +80,7 @@ async def create_tenant(services: ServicesDep, body: TenantCreate) -> dict[str, 
 
 
 @router.get("/{name}")
-async def get_tenant(services: ServicesDep, name: str) -> dict[str, Any]:
+async def get_tenant(services: ServicesDep, name: TenantName) -> dict[str, Any]:
     """A run-time tenant; else a config-file tenant (read-only: change it in the file)."""
     try:
         return _view(services, await admin_of(services).store.get_tenant(name))
@@ -87,7 +91,9 @@ async def get_tenant(services: ServicesDep, name: str) -> dict[str, Any]:
 
 
 @router.patch("/{name}")
-async def update_tenant(services: ServicesDep, name: str, changes: TenantChanges) -> dict[str, Any]:
+async def update_tenant(
+    services: ServicesDep, name: TenantName, changes: TenantChanges
+) -> dict[str, Any]:
     admin = admin_of(services)
     given = changes.given()
     try:
@@ -100,7 +106,7 @@ async def update_tenant(services: ServicesDep, name: str, changes: TenantChanges
 
 
 @router.delete("/{name}", status_code=204)
-async def delete_tenant(services: ServicesDep, name: str) -> Response:
+async def delete_tenant(services: ServicesDep, name: TenantName) -> Response:
     try:
         await admin_of(services).delete_tenant(name)
     except NotFound:

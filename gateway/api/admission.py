@@ -4,19 +4,24 @@ touched Redis or a backend yet, so a bad request costs nothing downstream."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from gateway.api.meta import RequestMeta
 from gateway.api.schemas import ChatCompletionRequest, ChatMessage
-from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge
+from gateway.safe_text import check_name, find_nul
 from gateway.settings import LimitsSettings
+from router.capabilities import Capability, hint_fields, needed_capabilities
 from router.features import PromptFeatures, definition_tokens
 
-__all__ = ["Admitted", "admit", "read_body"]
+__all__ = ["Admitted", "admit", "parse_body", "read_body", "validation_message"]
+
+_M = TypeVar("_M", bound=BaseModel)
 
 _NOT_PASSED_THROUGH = ("model", "metadata")
 """Fields the gateway consumes: ``model`` is chosen per deployment, ``metadata`` is tiergate's."""
@@ -30,7 +35,30 @@ class Admitted:
     meta: RequestMeta
     features: PromptFeatures
     max_tokens: int
-    """Output budget used for context fit: the client's limit, or the configured default."""
+    """Output budget of one choice, used for context fit: the client's limit, or the
+    configured default."""
+
+    @property
+    def needs(self) -> frozenset[Capability]:
+        """The capabilities a deployment needs to serve it: images, tools, a JSON schema,
+        reasoning parameters (``router.capabilities``), read off the body backends receive."""
+        return needed_capabilities(self.body)
+
+    @property
+    def hints(self) -> tuple[str, ...]:
+        """Its reasoning parameters and ``verbosity``: hints, not needs, when it names its model
+        through an alias (``router.capabilities.hint_fields``)."""
+        return hint_fields(self.body)
+
+    @property
+    def choices(self) -> int:
+        """``n``: how many answers the backend writes (each up to ``max_tokens``)."""
+        return self.request.n or 1
+
+    @property
+    def output_budget(self) -> int:
+        """The most output tokens the request can be billed for: every choice's limit."""
+        return self.max_tokens * self.choices
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -39,15 +67,18 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect as exc:  # gone, or too slow (server.body_timeout_s): booked 499
+        raise ClientDisconnected("the client went away before its body arrived") from exc
     return b"".join(chunks)
 
 
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+def validation_message(exc: ValidationError) -> tuple[str, str | None]:
     first = exc.errors(include_url=False)[0]
     location = ".".join(str(p) for p in first.get("loc", ()))
     return f"{location or 'body'}: {first.get('msg', 'invalid value')}", location or None
@@ -88,7 +119,9 @@ def _check_content(request: ChatCompletionRequest, limits: LimitsSettings) -> No
         )
 
 
-def admit(raw: bytes, headers: dict[str, str], limits: LimitsSettings) -> Admitted:
+def parse_body(raw: bytes, model: type[_M]) -> tuple[dict[str, Any], _M]:
+    """The JSON object ``raw`` (no string of any field may hold NUL: ``gateway.safe_text``) and
+    it validated as ``model``; an OpenAI-shaped 400 for anything else."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -97,13 +130,24 @@ def admit(raw: bytes, headers: dict[str, str], limits: LimitsSettings) -> Admitt
         ) from None
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object", code="invalid_json")
+    find_nul(raw, data)
     try:
-        request = ChatCompletionRequest.model_validate(data)
+        return data, model.model_validate(data)
     except ValidationError as exc:
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc)
         raise InvalidRequest(message, param=param) from None
-    if request.n not in (None, 1):
-        raise InvalidRequest("only n=1 is supported", param="n")
+
+
+def admit(raw: bytes, headers: dict[str, str], limits: LimitsSettings) -> Admitted:
+    """``raw``: the body as received; ``headers``: lower-case names."""
+    data, request = parse_body(raw, ChatCompletionRequest)
+    check_name(request.model, param="model", max_chars=limits.max_model_chars)
+    if request.user is not None:
+        check_name(request.user, param="user", max_chars=limits.max_user_chars)
+    if request.n is not None and request.n > limits.max_choices:
+        raise InvalidRequest(
+            f"n={request.n} is over the limit of {limits.max_choices} choices", param="n"
+        )
     if len(request.messages) > limits.max_messages:
         raise InvalidRequest(
             f"too many messages: {len(request.messages)} > {limits.max_messages}",
@@ -116,7 +160,7 @@ def admit(raw: bytes, headers: dict[str, str], limits: LimitsSettings) -> Admitt
             f"max_tokens {output_limit} exceeds the limit of {limits.max_output_tokens}",
             param="max_tokens",
         )
-    meta = RequestMeta.parse(headers, request.metadata)
+    meta = RequestMeta.parse(headers, request.metadata, limits)
     features = PromptFeatures.from_messages(
         data["messages"], definition_tokens=definition_tokens(data)
     )

@@ -1,8 +1,10 @@
 """Ledger entries for requests the edge answers itself (refused before or instead of a worker).
 
-The 504 of a job that had started (``RunTimedOut``) is booked *provisional*: a run may still
-book the request, and its entry then replaces this row's bookkeeping while the row keeps the
-504 the client got (``gateway.accounting.supersede``). Every other refusal is final."""
+The 504 of a job that had started (``RunTimedOut``), and any answer the edge gives while it
+cannot settle who owns a queued job (Redis failed: ``GatewayError.provisional``), is booked
+*provisional*: a run may still book the request, and its entry then replaces this row's
+bookkeeping while the row keeps the answer the client got (``gateway.accounting.supersede``).
+Every other refusal is final."""
 
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.records import LedgerEntry
 from gateway.auth.principals import Principal
-from gateway.errors import GatewayError, RunTimedOut
+from gateway.errors import GatewayError
 from gateway.observability.logging import log_request
-from gateway.services import Services
+from gateway.parts import Services
 from router.plan import RoutePlan
 
 __all__ = ["book_refusal", "observe_refusal", "refusal_entry"]
@@ -35,6 +37,7 @@ async def book_refusal(
     requested_model: str = "",
     plan: RoutePlan | None = None,
     stream: bool = False,
+    endpoint: str = "chat",
 ) -> None:
     entry = refusal_entry(
         request_id=request_id,
@@ -45,6 +48,7 @@ async def book_refusal(
         requested_model=requested_model,
         plan=plan,
         stream=stream,
+        endpoint=endpoint,
     )
     observe_refusal(services, entry, error, requested_model=requested_model)
     try:
@@ -90,6 +94,7 @@ def refusal_entry(
     requested_model: str = "",
     plan: RoutePlan | None = None,
     stream: bool = False,
+    endpoint: str = "chat",
 ) -> LedgerEntry:
     """The row of a request answered with ``error`` and no backend call of its own."""
     return LedgerEntry(
@@ -105,5 +110,6 @@ def refusal_entry(
         score=plan.score if plan else None,
         stream=stream,
         latency_ms=(time.time() - received_at) * 1000,
-        provisional=isinstance(error, RunTimedOut),
+        provisional=error.provisional,
+        endpoint=endpoint,
     )

@@ -8,7 +8,7 @@ from fastapi import Depends, Request
 
 from gateway.auth.principals import Principal
 from gateway.errors import AuthenticationFailed
-from gateway.services import Services
+from gateway.parts import Services
 
 __all__ = ["ServicesDep", "authenticate", "get_services"]
 

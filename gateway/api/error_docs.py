@@ -2,10 +2,11 @@
 every refusal has (``GatewayError.body``, the OpenAI error shape).
 
 FastAPI documents a ``422`` with its own validation body on every route that takes input;
-tiergate never sends one (``gateway.api.errors`` answers a request that does not fit its schema
-with a ``400 invalid_request``). A client generated from the schema would expect the wrong status
-and the wrong body, so ``drop_validation_422`` takes FastAPI's out, and each router names its
-refusals with ``refusals(...)`` (``responses=`` of an ``APIRouter`` or a route).
+tiergate never sends that one (``gateway.api.errors`` answers a request that does not fit its
+schema with a ``400 invalid_request``). A client generated from the schema would expect the wrong
+status and the wrong body, so ``drop_validation_422`` takes FastAPI's out, and each router names
+its refusals with ``refusals(...)`` (``responses=`` of an ``APIRouter`` or a route). The chat
+route's own 422 (``idempotency_key_mismatch``) is documented with the error body and stays.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ class ErrorResponse(BaseModel):
 
 def refusals(*statuses: int, authenticated: bool = True) -> dict[int | str, dict[str, Any]]:
     """``responses=`` for a router or route: ``statuses``, and with ``authenticated`` those of
-    every route behind a key. ``429`` and ``503`` carry ``Retry-After`` when it is known, ``409``
-    and ``429`` ``x-should-retry: false`` where a retry cannot help."""
+    every route behind a key. ``429`` and ``503`` carry ``Retry-After`` when it is known, ``409``,
+    ``422`` and ``429`` ``x-should-retry: false`` where a retry cannot help."""
     documented: dict[int | str, dict[str, Any]] = {}
     for status in sorted({*statuses, *(_AUTHENTICATED if authenticated else ())}):
         entry: dict[str, Any] = {
@@ -65,7 +66,7 @@ def refusals(*statuses: int, authenticated: bool = True) -> dict[int | str, dict
         }
         if status in (429, 503):
             entry["headers"] = dict(_RETRY_AFTER)
-        if status in (409, 429):
+        if status in (409, 422, 429):
             entry["headers"] = {**entry.get("headers", {}), **_SHOULD_RETRY}
         documented[status] = entry
     return documented
@@ -75,11 +76,16 @@ _FASTAPI_VALIDATION = ("HTTPValidationError", "ValidationError")
 """The component schemas FastAPI adds for its 422 body."""
 
 
+def _fastapis(response: Any) -> bool:
+    """Whether a documented response is FastAPI's 422 (its validation body), not ours."""
+    return isinstance(response, dict) and "HTTPValidationError" in str(response.get("content"))
+
+
 def _without_422(schema: dict[str, Any]) -> dict[str, Any]:
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
-            if isinstance(operation, dict):
-                operation.get("responses", {}).pop("422", None)
+            if isinstance(operation, dict) and _fastapis(operation.get("responses", {}).get("422")):
+                operation["responses"].pop("422")
     components = schema.get("components", {}).get("schemas", {})
     for name in _FASTAPI_VALIDATION:
         components.pop(name, None)

@@ -15,8 +15,16 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, ServiceUnavailable
+from gateway.errors import (
+    ClientDisconnected,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    ServiceUnavailable,
+)
+from gateway.observability.logging import new_request_id
 from gateway.observability.tracing import note_error
 
 __all__ = ["error_response", "install_error_handlers", "raw_error_response"]
@@ -25,10 +33,12 @@ log = logging.getLogger(__name__)
 
 
 def error_response(request: Request, error: GatewayError) -> JSONResponse:
-    headers: dict[str, str] = {}
+    """Every refusal carries ``x-request-id``: the chat request's own (its ledger row's), else
+    one made for it here (a 401 has no row, but its id is in the log and the client's report)."""
     request_id = getattr(request.state, "request_id", None)
-    if request_id:
-        headers["x-request-id"] = request_id
+    if not request_id:
+        request_id = request.state.request_id = new_request_id()
+    headers: dict[str, str] = {"x-request-id": request_id}
     if error.retry_after is not None:
         headers["retry-after"] = str(max(1, math.ceil(error.retry_after)))
     if error.retryable is not None:
@@ -77,7 +87,8 @@ def _invalid(error: Mapping[str, Any]) -> InvalidRequest:
     field = ".".join(loc[1:] if loc and loc[0] in _PARTS else loc) or None
     if error.get("type") == "extra_forbidden":
         return InvalidRequest(f"{where}: unknown field", param=field)
-    return InvalidRequest(f"{where}: {error.get('msg', 'invalid')}", param=field)
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return InvalidRequest(f"{where}: {message}", param=field)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -115,6 +126,12 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(request, ServiceUnavailable(f"the database is unavailable ({name})"))
 
 
+async def _client_gone(request: Request, exc: Exception) -> JSONResponse:
+    """The client went away (or was cut off by a read timeout, ``gateway.api.http_limits``)
+    while its body was being read: nobody is left to answer, and nothing went wrong here."""
+    return error_response(request, ClientDisconnected("the client went away before its body"))
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s", request.url.path, exc_info=exc)
     return error_response(request, GatewayError("internal error"))
@@ -124,6 +141,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     for unavailable in (
         DBAPIError,
         DisconnectionError,

@@ -1,7 +1,10 @@
 """``/healthz`` (the process is alive) and ``/readyz`` (Redis, database and workers usable).
 
 An open circuit on one deployment does not make the gateway unready: other deployments and
-fallbacks still serve."""
+fallbacks still serve. Nor does the ledger: requests are answered while the sink is paused (their
+events wait in Redis), so ``/readyz`` shows the ledger's state beside the checks instead — the
+sink's state in a process that runs one, and how many events it set aside as dead letters
+(``gateway.accounting.dead_letters``)."""
 
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.api.access import PUBLIC, access
 from gateway.api.deps import ServicesDep
-from gateway.auth.access import PUBLIC, access
 
 __all__ = ["router"]
 
@@ -53,13 +56,29 @@ async def _check_workers(services: ServicesDep) -> str:
     return "unavailable: no worker heartbeat"
 
 
+async def _ledger_detail(services: ServicesDep) -> dict[str, Any]:
+    detail: dict[str, Any] = {}
+    if services.ledger_sink is not None:
+        detail["sink"] = services.ledger_sink.state
+    try:
+        dead = await asyncio.wait_for(
+            services.redis.xlen(services.redis_keys.ledger_dead_letters), 1.0
+        )
+    except (RedisError, OSError, TimeoutError) as exc:
+        detail["dead_letters"] = f"unknown: {type(exc).__name__}"
+    else:
+        detail["dead_letters"] = int(dead)
+    return detail
+
+
 @router.get("/readyz")
 async def readyz(services: ServicesDep) -> JSONResponse:
     redis_state, db_state = await asyncio.gather(_check_redis(services), _check_database(services))
     workers_state = await _check_workers(services) if redis_state == "ok" else "unknown"
     checks: dict[str, Any] = {"redis": redis_state, "database": db_state, "workers": workers_state}
     ready = all(v == "ok" for v in checks.values())
+    ledger = await _ledger_detail(services) if redis_state == "ok" else {}
     return JSONResponse(
-        {"status": "ready" if ready else "unavailable", "checks": checks},
+        {"status": "ready" if ready else "unavailable", "checks": checks, "ledger": ledger},
         status_code=200 if ready else 503,
     )

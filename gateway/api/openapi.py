@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from gateway.api.schemas import ChatCompletionRequest
 
-__all__ = ["chat_request_openapi"]
+__all__ = ["chat_request_openapi", "request_openapi"]
 
 _EXAMPLE = {
     "model": "auto",
@@ -32,13 +34,18 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
-def chat_request_openapi() -> dict[str, Any]:
-    """``openapi_extra`` for the chat route."""
-    schema = ChatCompletionRequest.model_json_schema()
+def request_openapi(model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` for a route that reads its raw body as ``model``."""
+    schema = model.model_json_schema()
     inlined = _inline(schema, schema.get("$defs", {}))
     return {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": inlined, "example": _EXAMPLE}},
+            "content": {"application/json": {"schema": inlined, "example": example}},
         }
     }
+
+
+def chat_request_openapi() -> dict[str, Any]:
+    """``openapi_extra`` for the chat route."""
+    return request_openapi(ChatCompletionRequest, _EXAMPLE)

@@ -6,22 +6,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
 from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
+from gateway.api.shapes import CHAT, Shape
 from gateway.api.sse import EventStreamResponse
 from gateway.api.timing import StageClock
-from gateway.errors import DeadlineExceeded, GatewayError, ServiceUnavailable, UpstreamFailed
+from gateway.errors import GatewayError, UpstreamFailed
 from gateway.observability.logging import log_request
+from gateway.parts import Services
 from gateway.queue.jobs import Reply
-from gateway.services import Services
+from gateway.reply_meta import ReplyMeta
 
 __all__ = ["RelayContext", "json_response", "sse_response"]
-
-_DONE = b"data: [DONE]\n\n"
 
 
 class RelayContext:
@@ -39,6 +40,8 @@ class RelayContext:
         planned: str | None = None,
         prompt: Any = None,
         clock: StageClock | None = None,
+        shape: Shape = CHAT,
+        dropped: Callable[[str | None], tuple[str, ...]] | None = None,
     ) -> None:
         self.services = services
         self.request_id = request_id
@@ -52,69 +55,81 @@ class RelayContext:
         """Logged with the access line only when ``logging.log_prompts`` is on."""
         self.clock = clock
         """Stage times for the ``Server-Timing`` header (a stream's: up to its first chunk)."""
+        self.shape = shape
+        """The wire the client speaks: chat's, or an endpoint's built on it (``shapes``)."""
+        self.dropped = dropped
+        """The body fields a deployment was not sent (``RoutePlan.dropped_for``)."""
 
-    def headers(self, meta: Mapping[str, Any]) -> dict[str, str]:
+    def headers(self, meta: ReplyMeta) -> dict[str, str]:
         headers = {
             "x-request-id": self.request_id,
-            "x-tiergate-tier": str(meta.get("tier", "")),
-            "x-tiergate-model": str(meta.get("deployment", "")),
+            "x-tiergate-tier": meta.tier or "",
+            "x-tiergate-model": meta.deployment or "",
             "x-tiergate-rule": self.rule,
-            "x-tiergate-queue-ms": f"{float(meta.get('queue_ms', 0.0)):.1f}",
+            "x-tiergate-queue-ms": f"{meta.queue_ms:.1f}",
         }
-        if meta.get("downgraded"):
+        if meta.downgraded:
             headers["x-tiergate-downgraded"] = "true"  # served below the planned tier
+        dropped = () if self.dropped is None else self.dropped(meta.deployment)
+        if dropped:  # hints (reasoning parameters) the deployment that answered was not sent
+            headers["x-tiergate-dropped"] = ", ".join(dropped)
         return headers
 
-    def stream_headers(self, meta: Mapping[str, Any]) -> dict[str, str]:
+    def stream_headers(self, meta: ReplyMeta) -> dict[str, str]:
         """A stream's headers, sent with its first chunk (``meta``: that chunk's)."""
         headers = {**self.headers(meta), "cache-control": "no-cache"}
         if self.clock is not None:
             headers["server-timing"] = self.clock.header(meta)  # up to the first chunk
         return headers
 
-    def overhead_ms(self, meta: Mapping[str, Any], at: float | None = None) -> float:
-        """Time in the gateway up to ``at`` (default now), less queue wait and backend time."""
+    def overhead_ms(self, meta: ReplyMeta, at: float | None = None) -> float:
+        """Time in the gateway up to ``at`` (default now), less queue wait, backend time and
+        the waits between retries (a backend's ``Retry-After``, backoff)."""
         total_ms = ((time.perf_counter() if at is None else at) - self.started) * 1000
-        return max(
-            total_ms - float(meta.get("queue_ms", 0.0)) - float(meta.get("backend_ms", 0.0)), 0.0
-        )
+        outside = meta.queue_ms + (meta.backend_ms or 0.0) + meta.wait_ms
+        return max(total_ms - outside, 0.0)
 
-    def x_tiergate(self, meta: Mapping[str, Any]) -> dict[str, Any]:
-        return {
+    def x_tiergate(self, meta: ReplyMeta) -> dict[str, Any]:
+        """A stream's closing figures. ``model`` and ``tier`` are the ones its headers named
+        (the deployment that began the answer); ``served_by`` lists every deployment that
+        wrote part of it, when another one continued it."""
+        served = list(meta.served_by)
+        out: dict[str, Any] = {
             "request_id": self.request_id,
-            "tier": meta.get("tier"),
-            "model": meta.get("deployment"),
+            "tier": meta.tier,
+            "model": served[0] if served else meta.deployment,
             "rule": self.rule,
-            "cost_usd": meta.get("cost_usd"),
+            "cost_usd": meta.cost_text,
             "overhead_ms": round(self.overhead_ms(meta), 3),
-            "queue_ms": round(float(meta.get("queue_ms", 0.0)), 3),
+            "queue_ms": round(meta.queue_ms, 3),
         }
+        if len(served) > 1:
+            out["served_by"] = served
+        return out
 
-    def observe(
-        self, meta: Mapping[str, Any], outcome: str, stream: bool, at: float | None = None
-    ) -> None:
+    def observe(self, meta: ReplyMeta, outcome: str, stream: bool, at: float | None = None) -> None:
         """Metrics, the access line and the trace of the answer, as of ``at`` (a
         ``perf_counter`` reading: when the answer was complete; default now)."""
         metrics = self.services.metrics
-        tier = str(meta.get("tier") or "none")
-        deployment = str(meta.get("deployment") or "none")
+        tier = meta.tier or "none"
+        deployment = meta.deployment or "none"
         at = time.perf_counter() if at is None else at
         elapsed = at - self.started
         overhead_ms = self.overhead_ms(meta, at)
         metrics.requests.labels(self.tenant, tier, deployment, outcome).inc()
         metrics.latency.labels(tier, deployment, str(stream).lower()).observe(elapsed)
         metrics.overhead.observe(overhead_ms / 1000)
-        metrics.queue_wait.labels(tier).observe(float(meta.get("queue_ms", 0.0)) / 1000)
-        prompt_tokens = int(meta.get("prompt_tokens", 0))
-        completion_tokens = int(meta.get("completion_tokens", 0))
+        metrics.queue_wait.labels(tier).observe(meta.queue_ms / 1000)
+        prompt_tokens = meta.prompt_tokens
+        completion_tokens = meta.completion_tokens
         metrics.tokens.labels(self.tenant, tier, "prompt").inc(prompt_tokens)
         metrics.tokens.labels(self.tenant, tier, "completion").inc(completion_tokens)
-        cost = meta.get("cost_usd")
+        cost = meta.cost_usd
         if cost is not None:
             metrics.cost.labels(self.tenant, tier, deployment).inc(float(cost))
         elif prompt_tokens or completion_tokens:
             metrics.unknown_price.labels(self.tenant, deployment).inc()
-        if self.planned and meta.get("deployment") and deployment != self.planned:
+        if self.planned and meta.deployment and deployment != self.planned:
             metrics.fallbacks.labels(tier, self.planned, deployment).inc()
         fields = {
             "request_id": self.request_id,
@@ -125,35 +140,21 @@ class RelayContext:
             "outcome": outcome,
             "stream": stream,
             "latency_ms": round(elapsed * 1000, 3),
-            "queue_ms": round(float(meta.get("queue_ms", 0.0)), 3),
+            "queue_ms": round(meta.queue_ms, 3),
             "overhead_ms": round(overhead_ms, 3),
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
-            "cost_usd": cost,
+            "cost_usd": meta.cost_text,
         }
         log_request(fields, prompt=self.prompt)
         self.services.tracing.answered(meta, outcome, stream)
 
-    def observe_first_chunk(self, meta: Mapping[str, Any]) -> None:
-        tier = str(meta.get("tier") or "none")
-        deployment = str(meta.get("deployment") or "none")
+    def observe_first_chunk(self, meta: ReplyMeta) -> None:
+        tier = meta.tier or "none"
+        deployment = meta.deployment or "none"
         self.services.metrics.ttft.labels(tier, deployment).observe(
             time.perf_counter() - self.started
         )
-
-
-def _error_from_reply(reply: Reply) -> GatewayError:
-    body = reply.data.get("error", {})
-    status = int(reply.meta.get("status", 502))
-    cls: type[GatewayError] = {504: DeadlineExceeded, 503: ServiceUnavailable}.get(
-        status, UpstreamFailed
-    )
-    error = cls(str(body.get("message", "upstream error")))
-    error.status = status
-    error.type = str(body.get("type", error.type))
-    error.code = str(body.get("code", error.code))
-    error.param = body.get("param")
-    return error
 
 
 class RelayedError(Exception):
@@ -166,13 +167,13 @@ class RelayedError(Exception):
 
 def json_response(ctx: RelayContext, reply: Reply) -> Response:
     if reply.kind == "error":
-        error = _error_from_reply(reply)
+        error = reply.error()
         ctx.observe(reply.meta, error.outcome, stream=False)
         raise RelayedError(error)
     meta = reply.meta
     headers = ctx.headers(meta)
-    cost = meta.get("cost_usd")
-    headers["x-tiergate-cost-usd"] = "unknown" if cost is None else str(cost)
+    cost = meta.cost_text
+    headers["x-tiergate-cost-usd"] = "unknown" if cost is None else cost
     at = time.perf_counter()
     headers["x-tiergate-overhead-ms"] = f"{ctx.overhead_ms(meta, at):.3f}"
     if ctx.clock is not None:
@@ -181,19 +182,15 @@ def json_response(ctx: RelayContext, reply: Reply) -> Response:
     # now: in the same turn of the event loop as the send, so before anything the client does
     # next is handled.
     return Response(
-        orjson.dumps(reply.data),
+        orjson.dumps(ctx.shape.answer(reply.data)),
         media_type="application/json",
         headers=headers,
         background=BackgroundTask(_observe_after, ctx, meta, at),
     )
 
 
-async def _observe_after(ctx: RelayContext, meta: Mapping[str, Any], at: float) -> None:
+async def _observe_after(ctx: RelayContext, meta: ReplyMeta, at: float) -> None:
     ctx.observe(meta, "ok", stream=False, at=at)
-
-
-def _event(data: Mapping[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
 def _is_final_candidate(chunk: Mapping[str, Any]) -> bool:
@@ -205,15 +202,14 @@ class _StreamRelay:
     """Chunks pass straight through, except the final-candidate chunk (``finish_reason`` set, or
     the usage chunk), which is held until the worker's ``end`` event brings cost and overhead."""
 
-    def __init__(self, ctx: RelayContext, route: Mapping[str, Any]) -> None:
+    def __init__(self, ctx: RelayContext, route: ReplyMeta) -> None:
         self.ctx = ctx
         self.route = route
+        self.out = ctx.shape.stream(ctx.request_id)
         self.held: dict[str, Any] | None = None
         self.finished = False
         self.last_chunk_at: float | None = None
-        self.itl = ctx.services.metrics.itl.labels(
-            str(route.get("tier") or "none"), str(route.get("deployment") or "none")
-        )
+        self.itl = ctx.services.metrics.itl.labels(route.tier or "none", route.deployment or "none")
 
     def _gap(self) -> None:
         now = time.perf_counter()
@@ -226,7 +222,7 @@ class _StreamRelay:
             return []
         held = {**self.held, **extra} if extra else self.held
         self.held = None
-        return [_event(held)]
+        return self.out.chunk(held)
 
     def on_reply(self, reply: Reply) -> list[bytes]:
         if reply.kind == "chunk":
@@ -238,17 +234,37 @@ class _StreamRelay:
                 out = self._flush()
                 self.held = chunk
                 return out
-            return [_event(chunk)]
+            return self.out.chunk(chunk)
         self.finished = True
         if reply.kind == "end":
-            meta = {**self.route, **reply.meta}
+            meta = reply.meta.over(self.route)
             self.ctx.observe(meta, "ok", stream=True)
-            return [*self._flush({"x_tiergate": self.ctx.x_tiergate(meta)}), _DONE]
-        return [*self._flush(), _stream_error(self.ctx, self.route, reply.data, reply.meta)]
+            shown = self.ctx.x_tiergate(self._as_headed(meta))
+            return [*self._flush({"x_tiergate": shown}), *self.out.end()]
+        return [*self._flush(), *self._error(reply.data, reply.meta)]
 
     def on_failure(self, error: GatewayError) -> list[bytes]:
         self.finished = True
-        return [*self._flush(), _stream_error(self.ctx, self.route, error.body(), {})]
+        return [*self._flush(), *self._error(error.body(), ReplyMeta())]
+
+    def _as_headed(self, meta: ReplyMeta) -> ReplyMeta:
+        """``meta`` with the tier the stream's headers named."""
+        return meta if self.route.tier is None else replace(meta, tier=self.route.tier)
+
+    def _error(self, error: Mapping[str, Any], meta: ReplyMeta) -> list[bytes]:
+        """A chunk with a non-success finish_reason, then an error event (the SDK raises on
+        it), in the client's wire."""
+        merged = meta.over(self.route)
+        self.ctx.observe(merged, "stream_error", stream=True)
+        closing = {
+            "id": self.ctx.request_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.route.deployment,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
+            "x_tiergate": self.ctx.x_tiergate(self._as_headed(merged)),
+        }
+        return self.out.error(closing, error)
 
 
 async def sse_response(
@@ -261,7 +277,7 @@ async def sse_response(
     """``first`` is the stream's first reply (already awaited, so headers are known);
     ``on_gone`` is called when the client disconnects before the stream's end."""
     if first.kind == "error":
-        error = _error_from_reply(first)
+        error = first.error()
         ctx.observe(first.meta, error.outcome, stream=True)
         raise RelayedError(error)
     relay = _StreamRelay(ctx, first.meta)
@@ -289,20 +305,3 @@ async def sse_response(
             raise
 
     return EventStreamResponse(opening, rest(), headers=ctx.stream_headers(first.meta))
-
-
-def _stream_error(
-    ctx: RelayContext, route: Mapping[str, Any], error: Mapping[str, Any], meta: Mapping[str, Any]
-) -> bytes:
-    """A chunk with a non-success finish_reason, then an error event (the SDK raises on it)."""
-    merged = {**route, **meta}
-    ctx.observe(merged, "stream_error", stream=True)
-    closing = {
-        "id": ctx.request_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": route.get("deployment"),
-        "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
-        "x_tiergate": ctx.x_tiergate(merged),
-    }
-    return _event(closing) + _event(error)

@@ -1,5 +1,5 @@
-"""Reports over HTTP: ``GET /v1/reports/costs`` (JSON or CSV), ``/v1/reports/what-if`` and
-``/v1/reports/budgets``.
+"""Reports over HTTP: ``GET /v1/reports/costs`` (JSON or CSV), ``/v1/reports/what-if``,
+``/v1/reports/budgets`` and ``/v1/reports/gpu-rates``.
 
 Scope is decided here, never by the caller's parameters alone: a tenant's key (``tenant:<name>``
 or ``rules:<name>``) always reads its own tenant — asking for another one is refused with 403, and
@@ -9,21 +9,24 @@ narrow to one with ``tenant=``.
 
 from __future__ import annotations
 
+import time
 from datetime import date
 from decimal import Decimal
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import RedisError
 
 from gateway.accounting.records import MICRO
 from gateway.accounting.reports import GROUP_KEYS, cost_report, render_csv, render_json
 from gateway.accounting.whatif import render_what_if, what_if
+from gateway.api.access import ADMIN, FINANCE, TENANT, access
 from gateway.api.deps import ServicesDep
 from gateway.api.error_docs import refusals
-from gateway.auth.access import ADMIN, FINANCE, TENANT, access
 from gateway.auth.principals import Principal
-from gateway.errors import InvalidRequest, PermissionDenied
+from gateway.errors import InvalidRequest, PermissionDenied, ServiceUnavailable
+from gateway.safe_text import SafeName
 
 __all__ = ["report_scope", "router"]
 
@@ -59,14 +62,17 @@ async def costs(
     start: Annotated[date | None, Query(alias="from", description="first UTC day")] = None,
     end: Annotated[date | None, Query(alias="to", description="last UTC day, inclusive")] = None,
     group_by: Annotated[str, Query(description="comma-separated group keys")] = "day",
-    tenant: Annotated[str | None, Query(description="finance/admin: one tenant")] = None,
+    tenant: Annotated[SafeName | None, Query(description="finance/admin: one tenant")] = None,
     format: Annotated[Literal["json", "csv"], Query()] = "json",
+    app: Annotated[SafeName | None, Query(description="one app (x-tiergate-app)")] = None,
 ) -> Response:
     scope = report_scope(principal, tenant)
     keys = parse_group_by(group_by)
     if start is not None and end is not None and end < start:
         raise InvalidRequest("'to' is before 'from'", param="to")
-    report = await cost_report(services.ledger, tenant=scope, start=start, end=end, group_by=keys)
+    report = await cost_report(
+        services.ledger, tenant=scope, start=start, end=end, group_by=keys, app=app or None
+    )
     if format == "csv":
         name = f"costs-{scope or 'all'}-{start or 'start'}-{end or 'end'}.csv"
         return Response(
@@ -83,7 +89,7 @@ async def what_if_report(
     principal: Annotated[Principal, access(TENANT, FINANCE, ADMIN)],
     start: Annotated[date | None, Query(alias="from", description="first UTC day")] = None,
     end: Annotated[date | None, Query(alias="to", description="last UTC day, inclusive")] = None,
-    tenant: Annotated[str | None, Query(description="finance/admin: one tenant")] = None,
+    tenant: Annotated[SafeName | None, Query(description="finance/admin: one tenant")] = None,
 ) -> JSONResponse:
     """The period's tokens priced as routed, all on the external API, all self-hosted."""
     scope = report_scope(principal, tenant)
@@ -104,32 +110,58 @@ async def what_if_report(
 async def budgets_report(
     services: ServicesDep,
     principal: Annotated[Principal, access(TENANT, FINANCE, ADMIN)],
-    tenant: Annotated[str | None, Query(description="finance/admin: one tenant")] = None,
+    tenant: Annotated[SafeName | None, Query(description="finance/admin: one tenant")] = None,
 ) -> JSONResponse:
     """Each budget's window, limit, spend and reservations now (from Redis)."""
     scope = report_scope(principal, tenant)
     book = services.budgets
     names = [scope] if scope is not None else sorted(services.policies)  # run-time ones too
     rows: list[dict[str, object]] = []
-    if book is not None:
-        for name in names:
-            for status in await book.status(name):
-                rows.append(
-                    {
-                        "tenant": name,
-                        "budget": status.name,
-                        "mode": status.mode,
-                        "app": status.app,
-                        "tag": status.tag,
-                        "window_start": status.window_start.isoformat(),
-                        "window_end": status.window_end.isoformat(),
-                        "limit_usd": _usd(status.limit_micro_usd),
-                        "spent_usd": _usd(status.spent_micro_usd),
-                        "reserved_usd": _usd(status.reserved_micro_usd),
-                    }
-                )
+    for name in names:
+        for status in await book.status(name):
+            rows.append(
+                {
+                    "tenant": name,
+                    "budget": status.name,
+                    "mode": status.mode,
+                    "app": status.app,
+                    "tag": status.tag,
+                    "window_start": status.window_start.isoformat(),
+                    "window_end": status.window_end.isoformat(),
+                    "limit_usd": _usd(status.limit_micro_usd),
+                    "spent_usd": _usd(status.spent_micro_usd),
+                    "reserved_usd": _usd(status.reserved_micro_usd),
+                }
+            )
     return JSONResponse({"tenant": scope, "budgets": rows})
 
 
 def _usd(micro: int) -> str:
     return f"{(Decimal(micro) * MICRO).quantize(MICRO):f}"
+
+
+@router.get("/v1/reports/gpu-rates")
+async def gpu_rates_report(
+    services: ServicesDep,
+    principal: Annotated[Principal, access(TENANT, FINANCE, ADMIN)],
+) -> JSONResponse:
+    """Each GPU-priced pool's rate for this pricing period and the next (published a period
+    ahead), with the window and figures each was computed from."""
+    try:
+        await services.prices.ensure_rates()
+    except (RedisError, OSError) as exc:
+        raise ServiceUnavailable(f"GPU rates unavailable: {type(exc).__name__}") from exc
+    pools = []
+    for pool in services.prices.gpu_pools:
+        now = services.prices.gpu_rate(pool.deployment)
+        ahead = services.prices.gpu_rate(pool.deployment, time.time() + pool.period_s)
+        pools.append(
+            {
+                "deployment": pool.deployment,
+                "replica_hourly_usd": f"{pool.replica_hourly_usd:f}",
+                "period_s": pool.period_s,
+                "current": None if now is None else now.as_dict(),
+                "next": None if ahead is None else ahead.as_dict(),
+            }
+        )
+    return JSONResponse({"pools": pools})

@@ -2,18 +2,42 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gateway.api.admission import Admitted
+from gateway.api.meta import RequestMeta
 from gateway.auth.directory import tenant_priority
-from gateway.errors import ContextTooLong, GatewayError, ModelNotFound, PermissionDenied
+from gateway.errors import (
+    ContextTooLong,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    PermissionDenied,
+    UnsupportedCapability,
+)
+from gateway.parts import Services
 from gateway.queue.lanes import lane_of
 from gateway.rules.edge import RuleInputs
-from gateway.services import Services
 from router.catalog import Signals
-from router.errors import ModelNotAllowed, NoDeploymentFits, RoutingError, UnknownModel
+from router.errors import (
+    MissingCapability,
+    ModelNotAllowed,
+    NoDeploymentFits,
+    RoutingError,
+    UnknownModel,
+)
 from router.plan import RoutePlan
 from router.planner import decide
 
-__all__ = ["live_signals", "plan_request", "request_lane", "request_priority", "routing_error"]
+__all__ = [
+    "live_signals",
+    "own_score_signals",
+    "plan_request",
+    "request_lane",
+    "request_priority",
+    "request_priority_of",
+    "routing_error",
+]
 
 
 def routing_error(exc: RoutingError) -> GatewayError:
@@ -23,13 +47,20 @@ def routing_error(exc: RoutingError) -> GatewayError:
         return PermissionDenied(exc.message, code="model_not_allowed", param="model")
     if isinstance(exc, NoDeploymentFits):
         return ContextTooLong(exc.message, param="messages")
+    if isinstance(exc, MissingCapability):
+        return UnsupportedCapability(exc.message, param=exc.param)
     return GatewayError(exc.message)
 
 
 def request_priority(services: Services, tenant: str, admitted: Admitted) -> str:
     """The request's priority unless a rule sets one: its own ``x-tiergate-priority``, else its
     tenant's default."""
-    return admitted.meta.priority or tenant_priority(services.settings, services.policies, tenant)
+    return request_priority_of(services, tenant, admitted.meta)
+
+
+def request_priority_of(services: Services, tenant: str, meta: RequestMeta) -> str:
+    """``request_priority`` from the request's metadata."""
+    return meta.priority or tenant_priority(services.settings, services.policies, tenant)
 
 
 def request_lane(services: Services, tenant: str, admitted: Admitted) -> str:
@@ -47,13 +78,18 @@ def live_signals(services: Services, tenant: str, lane: str) -> Signals:
     snapshot = services.queue_snapshot
     watch = services.breaker_watch  # open circuit breakers (gateway.faults.watch)
     unavailable = watch.open_now if watch is not None else frozenset()
-    if snapshot is None:
-        return Signals(unavailable=unavailable)
-    return Signals(
-        unavailable=unavailable,
+    own = replace(own_score_signals(services, tenant), unavailable=unavailable)
+    return replace(
+        own,
         expected_wait_s=snapshot.start_waits(lane, tenant, services.dispatcher.weight(tenant)),
         service_s=snapshot.service_times(),
     )
+
+
+def own_score_signals(services: Services, tenant: str) -> Signals:
+    """Signals holding only ``tenant``'s recent-score table (``gateway.rules.score_mix``)."""
+    mix = services.score_mix
+    return Signals(own_scores=mix.of(tenant), min_own_scores=mix.settings.min_scores)
 
 
 def plan_request(
@@ -70,7 +106,7 @@ def plan_request(
     if signals is None:
         signals = live_signals(services, tenant, request_lane(services, tenant, admitted))
     try:
-        return decide(
+        plan = decide(
             requested_model=admitted.request.model,
             features=admitted.features,
             max_tokens=admitted.max_tokens,
@@ -80,6 +116,35 @@ def plan_request(
             classifier=services.classifier,
             rules=None if inputs is None else inputs.rules,
             context=None if inputs is None else inputs.context,
+            needs=admitted.needs,
+            hints=admitted.hints,
         )
     except RoutingError as exc:
         raise routing_error(exc) from None
+    if admitted.request.stream and admitted.choices > 1:
+        return _without_litellm(services, plan)
+    return plan
+
+
+def _without_litellm(services: Services, plan: RoutePlan) -> RoutePlan:
+    """A stream of ``n > 1`` choices skips litellm deployments: litellm's stream wrapper ends
+    only the first choice (the others lose their ``finish_reason``). With none left, 400."""
+    kept = tuple(
+        d for d in plan.deployments if (spec := services.catalog.get(d)) and not spec.external
+    )
+    if kept == plan.deployments:
+        return plan
+    if not kept:
+        raise InvalidRequest(
+            "a stream with n > 1 cannot be served by an external (litellm) deployment; "
+            "ask for n=1, or without stream",
+            param="n",
+        )
+    dropped = ", ".join(d for d in plan.deployments if d not in kept)
+    tier = services.catalog.get(kept[0])
+    return replace(
+        plan,
+        deployments=kept,
+        tier=tier.tier if tier is not None else plan.tier,
+        reason=f"{plan.reason}; stream with n > 1: not {dropped} (litellm)",
+    )

@@ -1,6 +1,8 @@
 """``/v1/rules``: each tenant's routing rules — list, get, put, validate, delete, history,
 rollback. ``rules:<tenant>`` and ``admin`` keys write a tenant's rules; a ``tenant:<name>`` key
-reads its own only; the global rules (``_global``) are written by ``admin`` and read by all.
+reads its own only; ``finance`` reads every tenant's; the global rules (``_global``) are written
+by ``admin`` and read by all. A change's author is the principal's name, with the person's name
+after it when ``?author=`` gives one (``rules-acme (alice)``).
 
 The body of ``PUT`` and ``validate`` is the rule file itself (YAML or JSON). A rejected file
 answers 400 ``invalid_rules`` naming the line, and the running rules stay in force.
@@ -10,52 +12,85 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import AfterValidator
 
+from gateway.api.access import ADMIN, FINANCE, RULES, TENANT, access
 from gateway.api.admission import read_body
 from gateway.api.deps import ServicesDep
 from gateway.api.error_docs import refusals
-from gateway.auth.access import ADMIN, RULES, TENANT, access
 from gateway.auth.principals import Principal
-from gateway.errors import InvalidRequest, ModelNotFound, PermissionDenied, ServiceUnavailable
+from gateway.errors import InvalidRequest, ModelNotFound, PermissionDenied
+from gateway.parts import Services
 from gateway.rules.edge import RulesRuntime
-from gateway.rules.store import GLOBAL, RuleVersion
-from gateway.services import Services
+from gateway.rules.store import GLOBAL, RuleVersion, unified_diff
+from gateway.safe_text import no_control
 from router.rules import MAX_RULE_BYTES, RulesInvalid
 
-__all__ = ["router"]
+__all__ = [
+    "Reader",
+    "TenantName",
+    "can_write",
+    "invalid_rules",
+    "known_tenant",
+    "may_read",
+    "router",
+    "runtime",
+]
 
 router = APIRouter(prefix="/v1/rules", tags=["rules"], responses=refusals(400, 404))
 
-Reader = Annotated[Principal, access(TENANT, RULES, ADMIN)]
+Reader = Annotated[Principal, access(TENANT, RULES, FINANCE, ADMIN)]
 Writer = Annotated[Principal, access(RULES, ADMIN)]
-TenantName = Annotated[str, Path(min_length=1, max_length=128)]
+TenantName = Annotated[str, Path(min_length=1, max_length=128), AfterValidator(no_control)]
+MAX_VERSION = 2**31 - 1
+"""Versions are SQL ``INTEGER``s: a larger number is refused (400), never sent to SQL."""
+Version = Annotated[int, Path(ge=1, le=MAX_VERSION)]
+AuthorNote = Annotated[
+    str | None,
+    Query(
+        alias="author",
+        max_length=64,
+        pattern=r"^[\w .@'-]+$",
+        description="the person making the change, recorded after the principal's name",
+    ),
+]
 
 
-def _runtime(services: Services) -> RulesRuntime:
-    if services.rules is None:
-        raise ServiceUnavailable("routing rules are not enabled in this process")
+def runtime(services: Services) -> RulesRuntime:
     return services.rules
 
 
-def _known(services: Services, tenant: str) -> None:
+def known_tenant(services: Services, tenant: str) -> None:
     if tenant != GLOBAL and tenant not in services.policies:
         raise ModelNotFound(f"unknown tenant {tenant!r}", code="not_found", param="tenant")
 
 
-def _may_read(principal: Principal, tenant: str) -> None:
-    if principal.is_admin or tenant == GLOBAL or principal.tenant == tenant:
+def may_read(principal: Principal, tenant: str) -> None:
+    if principal.is_admin or tenant == GLOBAL or principal.can_read_tenant(tenant):
         return
     raise PermissionDenied(f"principal {principal.name!r} may not read the rules of {tenant!r}")
 
 
+def can_write(principal: Principal, tenant: str) -> bool:
+    return principal.is_admin or (
+        tenant != GLOBAL and principal.tenant == tenant and f"rules:{tenant}" in principal.roles
+    )
+
+
 def _may_write(principal: Principal, tenant: str) -> None:
-    if principal.is_admin or (tenant != GLOBAL and f"rules:{tenant}" in principal.roles):
+    if can_write(principal, tenant):
         return
     raise PermissionDenied(f"principal {principal.name!r} may not change the rules of {tenant!r}")
 
 
-def _invalid(exc: RulesInvalid) -> InvalidRequest:
+def _author(principal: Principal, person: str | None) -> str:
+    """Who made a change: always the principal (keys are shared by a team), and the person."""
+    person = (person or "").strip()
+    return f"{principal.name} ({person})" if person else principal.name
+
+
+def invalid_rules(exc: RulesInvalid) -> InvalidRequest:
     return InvalidRequest(str(exc), code="invalid_rules", param=exc.path or None)
 
 
@@ -78,32 +113,39 @@ def _view(version: RuleVersion | None, tenant: str, *, with_source: bool = True)
 
 @router.get("")
 async def list_rules(services: ServicesDep, principal: Reader) -> dict[str, Any]:
-    versions = _runtime(services).registry.versions
-    visible = sorted(t for t in versions if principal.is_admin or t in (GLOBAL, principal.tenant))
+    versions = runtime(services).registry.versions
+    visible = sorted(t for t in versions if t == GLOBAL or principal.can_read_tenant(t))
     return {
         "object": "list",
         "data": [{"tenant": t, "version": versions[t]} for t in visible],
+        "principal": principal.name,
+        "tenant": principal.tenant,  # the caller's own tenant; None: finance or admin
     }
 
 
 @router.get("/{tenant}")
 async def get_rules(services: ServicesDep, principal: Reader, tenant: TenantName) -> dict[str, Any]:
-    _may_read(principal, tenant)
-    _known(services, tenant)
-    return _view(await _runtime(services).registry.store.current(tenant), tenant)
+    may_read(principal, tenant)
+    known_tenant(services, tenant)
+    return _view(await runtime(services).registry.store.current(tenant), tenant)
 
 
 @router.put("/{tenant}")
 async def put_rules(
-    request: Request, services: ServicesDep, principal: Writer, tenant: TenantName
+    request: Request,
+    services: ServicesDep,
+    principal: Writer,
+    tenant: TenantName,
+    author: AuthorNote = None,
 ) -> dict[str, Any]:
     _may_write(principal, tenant)
-    _known(services, tenant)
+    known_tenant(services, tenant)
     source = await _source(request)
     try:
-        version = await _runtime(services).registry.apply(tenant, source, author=principal.name)
+        registry = runtime(services).registry
+        version = await registry.apply(tenant, source, author=_author(principal, author))
     except RulesInvalid as exc:
-        raise _invalid(exc) from None
+        raise invalid_rules(exc) from None
     return _view(version, tenant)
 
 
@@ -112,13 +154,22 @@ async def validate_rules(
     request: Request, services: ServicesDep, principal: Writer, tenant: TenantName
 ) -> dict[str, Any]:
     _may_write(principal, tenant)
-    _known(services, tenant)
+    known_tenant(services, tenant)
     source = await _source(request)
+    registry = runtime(services).registry
     try:
-        compiled = _runtime(services).registry.validate(source)
+        compiled = await registry.validate(source)
     except RulesInvalid as exc:
-        raise _invalid(exc) from None
-    return {"object": "rules.validation", "valid": True, "rules": [r.id for r in compiled.rules]}
+        raise invalid_rules(exc) from None
+    current = await registry.store.current(tenant)
+    number = 0 if current is None else current.version
+    return {
+        "object": "rules.validation",
+        "valid": True,
+        "rules": [r.id for r in compiled.rules],
+        "active_version": number,
+        "diff": unified_diff(None if current is None else current.source, source, number + 1),
+    }
 
 
 @router.delete("/{tenant}")
@@ -126,8 +177,8 @@ async def delete_rules(
     services: ServicesDep, principal: Writer, tenant: TenantName
 ) -> dict[str, Any]:
     _may_write(principal, tenant)
-    _known(services, tenant)
-    registry = _runtime(services).registry
+    known_tenant(services, tenant)
+    registry = runtime(services).registry
     version = await registry.apply(tenant, None, author=principal.name, action="delete")
     return _view(version, tenant)
 
@@ -136,19 +187,19 @@ async def delete_rules(
 async def rule_history(
     services: ServicesDep, principal: Reader, tenant: TenantName
 ) -> dict[str, Any]:
-    _may_read(principal, tenant)
-    _known(services, tenant)
-    history = await _runtime(services).registry.store.history(tenant)
+    may_read(principal, tenant)
+    known_tenant(services, tenant)
+    history = await runtime(services).registry.store.history(tenant)
     return {"object": "list", "data": [v.summary() for v in history]}
 
 
 @router.get("/{tenant}/versions/{version}")
 async def rule_version(
-    services: ServicesDep, principal: Reader, tenant: TenantName, version: int
+    services: ServicesDep, principal: Reader, tenant: TenantName, version: Version
 ) -> dict[str, Any]:
-    _may_read(principal, tenant)
-    _known(services, tenant)
-    found = await _runtime(services).registry.store.get(tenant, version)
+    may_read(principal, tenant)
+    known_tenant(services, tenant)
+    found = await runtime(services).registry.store.get(tenant, version)
     if found is None:
         raise ModelNotFound(
             f"tenant {tenant!r} has no rules version {version}", code="not_found", param="version"
@@ -158,12 +209,17 @@ async def rule_version(
 
 @router.post("/{tenant}/rollback")
 async def rollback_rules(
-    services: ServicesDep, principal: Writer, tenant: TenantName, to: int
+    services: ServicesDep,
+    principal: Writer,
+    tenant: TenantName,
+    to: Annotated[int, Query(ge=1, le=MAX_VERSION)],
+    author: AuthorNote = None,
 ) -> dict[str, Any]:
     """``?to=N``: a new version whose source is exactly version N's."""
     _may_write(principal, tenant)
-    _known(services, tenant)
-    version = await _runtime(services).registry.rollback(tenant, to, author=principal.name)
+    known_tenant(services, tenant)
+    registry = runtime(services).registry
+    version = await registry.rollback(tenant, to, author=_author(principal, author))
     if version is None:
         raise ModelNotFound(
             f"tenant {tenant!r} has no rules version {to}", code="not_found", param="to"

@@ -12,7 +12,10 @@ timeout less a margin (``client_room_ms``). It only ever shortens: the SDK's def
 leaves the 120 s default as it is. A stream's read timeout bounds the gap between two chunks,
 not the whole answer, so streamed requests ignore it. The header is the SDK's, not tiergate's:
 a value that is not a positive finite number is ignored, never refused (unlike
-``x-tiergate-timeout-ms``, which the client sets on purpose, ``RequestMeta.parse``).
+``x-tiergate-timeout-ms``, which the client sets on purpose, ``RequestMeta.parse``), and one
+under ``CLIENT_READ_TIMEOUT_MIN_S`` counts as that: ``1e-300`` would otherwise make a deadline
+of 1 ms, a 504 before the request is even queued (a gateway error on the dashboards that the
+client alone caused).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "CLIENT_MARGIN_MAX_S",
     "CLIENT_MARGIN_SHARE",
     "CLIENT_READ_TIMEOUT",
+    "CLIENT_READ_TIMEOUT_MIN_S",
     "RequestDeadline",
     "client_read_timeout_s",
     "client_room_ms",
@@ -36,6 +40,8 @@ __all__ = [
 
 CLIENT_READ_TIMEOUT = "x-stainless-read-timeout"
 """The OpenAI SDK's header (lower-case, as the edge's header mappings have them)."""
+CLIENT_READ_TIMEOUT_MIN_S = 1.0
+"""A shorter read timeout counts as this (a deadline of 0.9 s): no model answers sooner."""
 CLIENT_MARGIN_SHARE = 0.1
 CLIENT_MARGIN_MAX_S = 1.0
 """The deadline ends this much before the client gives up: 10 % of its read timeout, at most
@@ -49,8 +55,8 @@ margin would refuse or spill work that could still have been answered in time.""
 
 
 def client_read_timeout_s(headers: Mapping[str, str]) -> float | None:
-    """The client's read timeout (s) from ``x-stainless-read-timeout``; ``None`` when absent or
-    not a positive finite number."""
+    """The client's read timeout (s) from ``x-stainless-read-timeout``, at least
+    ``CLIENT_READ_TIMEOUT_MIN_S``; ``None`` when absent or not a positive finite number."""
     raw = headers.get(CLIENT_READ_TIMEOUT)
     if raw is None:
         return None
@@ -58,7 +64,9 @@ def client_read_timeout_s(headers: Mapping[str, str]) -> float | None:
         seconds = float(raw)
     except ValueError:
         return None
-    return seconds if math.isfinite(seconds) and seconds > 0 else None
+    if not (math.isfinite(seconds) and seconds > 0):
+        return None
+    return max(seconds, CLIENT_READ_TIMEOUT_MIN_S)
 
 
 def client_room_ms(headers: Mapping[str, str], *, stream: bool) -> float | None:

@@ -9,8 +9,8 @@ the hand-back). ``total`` is from the start of authentication to the response.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+
+from gateway.reply_meta import ReplyMeta
 
 __all__ = ["StageClock"]
 
@@ -31,11 +31,11 @@ class StageClock:
         self._stages[stage] = self._stages.get(stage, 0.0) + now - self._last
         self._last = now
 
-    def header(self, meta: Mapping[str, Any]) -> str:
+    def header(self, meta: ReplyMeta) -> str:
         """The ``Server-Timing`` value, once the reply (with the worker's ``meta``) is in."""
         self.lap("relay")
-        queue_s = float(meta.get("queue_ms", 0.0)) / 1000
-        backend_s = float(meta.get("backend_ms", 0.0)) / 1000
+        queue_s = meta.queue_ms / 1000
+        backend_s = (meta.backend_ms or 0.0) / 1000
         stages = dict(self._stages)
         waited = stages.pop("wait", 0.0)
         # The worker's figures, fitted into the time the edge waited (its clock is the judge).

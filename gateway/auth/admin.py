@@ -19,11 +19,17 @@ from gateway.auth.changes import AuthChanges
 from gateway.auth.runtime import RuntimeAuth
 from gateway.auth.store import IssuedKey, SqlAuthStore
 from gateway.auth.tenants import KeyRecord, TenantProfile, TenantRecord
-from gateway.errors import ServiceUnavailable
-from gateway.queue.connection import redis_client
+from gateway.errors import InvalidRequest, ServiceUnavailable
+from gateway.queue.client.connection import configured_client
 from gateway.settings import Settings
 
-__all__ = ["AuthAdmin", "open_auth_admin"]
+__all__ = ["MAX_KEY_LIFETIME_S", "AuthAdmin", "open_auth_admin"]
+
+MAX_KEY_LIFETIME_S = 3650 * 86400
+"""The longest expiry a key can be given (ten years); a key without one never expires."""
+
+
+_MAX_LIFETIME = timedelta(seconds=MAX_KEY_LIFETIME_S)
 
 
 class AuthAdmin:
@@ -71,6 +77,11 @@ class AuthAdmin:
         expires_in: timedelta | None = None,
         note: str | None = None,
     ) -> IssuedKey:
+        if expires_in is not None and not timedelta(0) < expires_in <= _MAX_LIFETIME:
+            raise InvalidRequest(
+                f"a key's expiry is 1 s to {MAX_KEY_LIFETIME_S} s (ten years) away, or none",
+                param="expires_in_s",
+            )
         expires_at = None if expires_in is None else datetime.now(UTC) + expires_in
         issued = await self.store.create_key(principal, roles, expires_at=expires_at, note=note)
         await self._announce(f"key {issued.record.key_id}")
@@ -91,7 +102,7 @@ class AuthAdmin:
 async def open_auth_admin(settings: Settings) -> AsyncIterator[AuthAdmin]:
     """For the CLI: the configured database, and the configured Redis when there is one."""
     store = await SqlAuthStore.connect(settings.database.url)
-    redis = redis_client(settings.redis.url, socket_timeout=2.0) if settings.redis.url else None
+    redis = configured_client(settings.redis, socket_timeout=2.0) if settings.redis.url else None
     try:
         changes = AuthChanges(redis, settings.redis.key_prefix) if redis is not None else None
         yield AuthAdmin(store, changes)

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from gateway.queue.keys import RedisKeys
+
 __all__ = ["AuthChanges"]
 
 
 class AuthChanges:
     def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
         self.redis = redis
-        self.version_key = f"{prefix}:auth:version"
-        self.channel = f"{prefix}:auth:changes"
+        keys = RedisKeys(prefix)
+        self.version_key = keys.auth_version
+        self.channel = keys.auth_channel
 
     async def announce(self) -> int:
         """Call after the SQL change has committed."""

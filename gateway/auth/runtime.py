@@ -33,6 +33,7 @@ from gateway.auth.principals import Principal
 from gateway.auth.store import SqlAuthStore
 from gateway.auth.tenants import KeyRecord, TenantRecord
 from gateway.auth.tokens import key_id_of, matches
+from gateway.loops import Loop
 
 __all__ = ["RuntimeAuth"]
 
@@ -65,6 +66,16 @@ class RuntimeAuth:
         self._loaded_at = 0.0
         self._used: dict[str, datetime] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._flusher = Loop(
+            "auth-last-used",
+            self.flush,
+            every_s=self._flush_s,
+            pause_first=True,
+            catch=(SQLAlchemyError, OSError),
+            on_error=lambda exc: log.warning(
+                "auth: cannot record last-used times: %s", type(exc).__name__
+            ),
+        )
         self._closing = False
 
     # the request path (no I/O)
@@ -112,10 +123,8 @@ class RuntimeAuth:
         with contextlib.suppress(RedisError, OSError):
             version = await self.changes.version()
         await self.reload(version)
-        self._tasks = [
-            asyncio.create_task(self._follow(), name="auth-follow"),
-            asyncio.create_task(self._flush_loop(), name="auth-last-used"),
-        ]
+        self._tasks = [asyncio.create_task(self._follow(), name="auth-follow")]
+        self._flusher.start()
 
     async def aclose(self) -> None:
         # redis-py's PubSub.get_message can swallow a cancellation; the flag ends the loop anyway.
@@ -126,6 +135,7 @@ class RuntimeAuth:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        await self._flusher.aclose()
         with contextlib.suppress(SQLAlchemyError, OSError):
             await self.flush()
 
@@ -178,14 +188,6 @@ class RuntimeAuth:
             log.warning("auth: cannot reload keys from SQL: %s", type(exc).__name__)
         except Exception:
             log.exception("auth: reload failed")
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._flush_s)
-            try:
-                await self.flush()
-            except (SQLAlchemyError, OSError) as exc:
-                log.warning("auth: cannot record last-used times: %s", type(exc).__name__)
 
 
 async def _drop(pubsub: PubSub | None) -> None:

@@ -19,7 +19,6 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.accounting.ledger import create_ledger_engine
 from gateway.auth.schema import api_keys, create_auth_schema, tenants
 from gateway.auth.tenants import (
     KeyRecord,
@@ -30,8 +29,12 @@ from gateway.auth.tenants import (
 )
 from gateway.auth.tokens import NewKey, new_key
 from gateway.errors import Conflict, InvalidRequest, NotFound
+from gateway.safe_text import MAX_NAME_CHARS, check_name
+from gateway.sqlengine import create_sql_engine
 
-__all__ = ["IssuedKey", "SqlAuthStore"]
+__all__ = ["MAX_NOTE_CHARS", "IssuedKey", "SqlAuthStore"]
+
+MAX_NOTE_CHARS = 256
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ class SqlAuthStore:
 
     @classmethod
     async def connect(cls, url: str, **engine_kwargs: Any) -> SqlAuthStore:
-        store = cls(create_ledger_engine(url, **engine_kwargs))
+        store = cls(create_sql_engine(url, **engine_kwargs))
         try:
             async with store._engine.begin() as conn:
                 await create_auth_schema(conn)
@@ -192,8 +195,11 @@ class SqlAuthStore:
         problem = check_roles(roles)
         if problem is not None:
             raise InvalidRequest(problem, param="roles")
-        if not principal or len(principal) > 128:
+        if not principal:
             raise InvalidRequest("a principal name is 1-128 characters", param="principal")
+        check_name(principal, param="principal", max_chars=MAX_NAME_CHARS)
+        if note is not None:
+            check_name(note, param="note", max_chars=MAX_NOTE_CHARS)
         made = new_key()
         record = self._new_record(made, principal, roles, expires_at, note)
         async with self._engine.begin() as conn:
@@ -207,6 +213,8 @@ class SqlAuthStore:
         old = await self.get_key(key_id)
         if not old.usable_at(_now()):
             raise Conflict(f"key {key_id} is revoked or expired; create a new one")
+        if (problem := check_roles(old.roles)) is not None:  # made before the rule; not copied
+            raise Conflict(f"key {key_id} cannot be rotated: {problem}")
         made = new_key()
         record = self._new_record(made, old.principal, old.roles, None, old.note)
         closes = _now() + overlap

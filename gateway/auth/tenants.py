@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gateway.auth import principals
 from gateway.auth.principals import Principal
 from gateway.errors import InvalidRequest
 from gateway.settings import BudgetSettings
@@ -42,17 +43,9 @@ def valid_name(name: str) -> bool:
 
 
 def check_roles(roles: tuple[str, ...]) -> str | None:
-    """``None`` if every role is well formed, else what is wrong."""
-    if not roles:
-        return "a key needs at least one role"
-    for role in roles:
-        kind, sep, tenant = role.partition(":")
-        if role in ("admin", "finance"):
-            continue
-        if kind in ("tenant", "rules") and sep and valid_name(tenant):
-            continue
-        return f"unknown role {role!r}: use tenant:<name>, rules:<name>, finance or admin"
-    return None
+    """``None`` if every role is well formed and they name at most one tenant (a run-time
+    tenant's name after ``tenant:`` / ``rules:``), else what is wrong."""
+    return principals.check_roles(roles, tenant_name=valid_name)
 
 
 MONTHLY = "monthly"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Container
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -16,12 +17,14 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.records import LedgerEntry
 from gateway.cli.demo_prompts import DEMO_TRAFFIC, DemoRequest
-from gateway.cli.up_cmd import wait_http_ok
+from gateway.cli.ports import stack_endpoints, taken
+from gateway.cli.up_cmd import ports_taken_message, wait_http_ok
 from gateway.settings import Settings, load_settings
 
 __all__ = ["demo"]
@@ -167,19 +170,30 @@ def demo(
         "deploy/config.example.yaml"
     ),
 ) -> None:
-    """Start simulators, Redis and the gateway; send mixed traffic; print the cost table; stop."""
+    """Start simulators, Redis and the gateway; send mixed traffic; print the cost table; stop.
+    Exits non-zero when its ports are taken, its stack does not start, a request fails or a
+    request's ledger row is missing."""
     probe = Console()
     console = probe if probe.is_terminal else Console(width=170)
     run_dir = Path("var") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
     database_url = f"sqlite+aiosqlite:///{run_dir / 'ledger.db'}"
     settings = load_settings(config, database={"url": database_url})
-    env = {**os.environ, "TIERGATE_DATABASE__URL": database_url}
+    busy = taken(stack_endpoints(settings))
+    if busy:  # never talk to a stranger's stack
+        console.print(f"[red]{escape(ports_taken_message(busy))}[/]")
+        raise typer.Exit(1)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "TIERGATE_DATABASE__URL": database_url,
+        "TIERGATE_REDIS__EMBEDDED_DIR": str(run_dir / "redis"),  # a fresh Redis per run
+    }
     base = f"http://{settings.server.host}:{settings.server.port}"
     console.print(
         f"[bold]starting[/] simulators, Redis and the gateway ({base}); logs in {run_dir}/"
     )
-    with (run_dir / "stack.log").open("wb") as log:
+    stack_log = run_dir / "stack.log"
+    with stack_log.open("wb") as log:
         stack = subprocess.Popen(  # noqa: S603
             [sys.executable, "-m", "gateway.cli", "up", "--config", str(config)],
             env=env,
@@ -187,10 +201,9 @@ def demo(
             stderr=subprocess.STDOUT,
         )
         try:
-            if not wait_http_ok(f"{base}/readyz", 90):
-                console.print(
-                    f"[red]the stack did not become ready; see {run_dir / 'stack.log'}[/]"
-                )
+            problem = _wait_own_stack(stack, stack_log, base, 90)
+            if problem is not None:
+                console.print(f"[red]{escape(problem)}[/]")
                 raise typer.Exit(1)
             console.print(f"sending {len(DEMO_TRAFFIC)} requests from 3 tenants …")
             results = asyncio.run(_traffic(settings, f"{base}/v1"))
@@ -204,6 +217,41 @@ def demo(
                 stack.kill()
                 stack.wait()
             console.print("stopped everything the demo started.")
-    failed = [r for r in results if r.error] if "results" in locals() else []
-    if failed:
+    incomplete = _incomplete(results, entries.keys())
+    if incomplete:
+        console.print(f"[red]{escape(incomplete)}[/]")
         raise typer.Exit(1)
+
+
+def _wait_own_stack(
+    stack: subprocess.Popen[bytes], stack_log: Path, base: str, timeout_s: float
+) -> str | None:
+    """Wait until the stack this demo started serves ``base``: its own log says it listens
+    there (logged only once its ports are bound) and ``/readyz`` answers; what went wrong
+    otherwise."""
+    listening = f"tiergate listening on {base} "
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        code = stack.poll()
+        if code is not None:
+            tail = "\n".join(stack_log.read_text(errors="replace").splitlines()[-5:])
+            return (
+                f"the stack exited with code {code} before it was ready; see {stack_log}:\n{tail}"
+            )
+        if listening in stack_log.read_text(errors="replace") and wait_http_ok(f"{base}/readyz", 1):
+            return None
+        time.sleep(0.2)
+    return f"the stack did not become ready in {timeout_s:g} s; see {stack_log}"
+
+
+def _incomplete(results: list[_Result], booked: Container[str]) -> str | None:
+    """What the run lacks: failed requests, ledger rows that did not appear (``booked``: the
+    request ids whose row was found)."""
+    failed = [r for r in results if r.error]
+    missing = [r for r in results if not r.error and r.request_id not in booked]
+    if not results or failed or missing:
+        return (
+            f"demo incomplete: {len(failed)} of {len(results)} requests failed, "
+            f"{len(missing)} ledger rows missing"
+        )
+    return None

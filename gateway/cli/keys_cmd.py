@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from gateway.auth.admin import MAX_KEY_LIFETIME_S
 from gateway.auth.store import IssuedKey
 from gateway.cli.tenants_cmd import run_admin
 
@@ -30,9 +31,15 @@ def create(
     config: ConfigOpt,
     principal: Annotated[str, typer.Option(help="who the key belongs to (recorded as author)")],
     role: Annotated[
-        list[str], typer.Option("--role", help="tenant:<name>, rules:<name>, finance, admin")
+        list[str],
+        typer.Option(
+            "--role", help="tenant:<name>, rules:<name>, finance, admin (one tenant per key)"
+        ),
     ],
-    expires_in: Annotated[int | None, typer.Option(help="seconds until it expires")] = None,
+    expires_in: Annotated[
+        int | None,
+        typer.Option(min=1, max=MAX_KEY_LIFETIME_S, help="seconds until it expires (≤ 10 years)"),
+    ] = None,
     note: Annotated[str | None, typer.Option(help="free text shown in listings")] = None,
 ) -> None:
     """Issue a key for a principal."""
@@ -48,7 +55,7 @@ def list_(
     principal: Annotated[str | None, typer.Option(help="only this principal's keys")] = None,
 ) -> None:
     """Key ids, principals, roles and times (never the keys)."""
-    records = run_admin(config, lambda a: a.store.list_keys(principal=principal))
+    records = run_admin(config, lambda a: a.store.list_keys(principal=principal), change=False)
     typer.echo(json.dumps([r.public() for r in records], indent=2))
 
 

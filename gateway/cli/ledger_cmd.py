@@ -4,7 +4,10 @@ line."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
+import sys
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -13,14 +16,21 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 
-from gateway.accounting.events import encode_entry
+from gateway.accounting.events import row_values
+from gateway.accounting.gpu_rates import GpuRates
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
-from gateway.accounting.reports import cost_report, render_csv, render_json, render_table
-from gateway.accounting.rollups import rollup_day
+from gateway.accounting.reports import (
+    cost_report,
+    display_usd,
+    render_csv,
+    render_json,
+    render_table,
+)
+from gateway.accounting.rollups import replica_time, rollup_day
 from gateway.accounting.verify import VerifyReport, verify_ledger
 from gateway.accounting.whatif import render_what_if, what_if
-from gateway.queue.connection import redis_client
+from gateway.queue.client.connection import configured_client
 from gateway.queue.keys import RedisKeys
 from gateway.settings import Settings, load_settings
 
@@ -35,8 +45,9 @@ def report(
     config: ConfigOpt,
     tenant: Annotated[str | None, typer.Option(help="tenant (all tenants when omitted)")] = None,
     format: Annotated[
-        Literal["table", "csv", "json"], typer.Option(help="output format")
-    ] = "table",
+        Literal["auto", "table", "csv", "tsv", "json"],
+        typer.Option(help="output format; auto: a table on a terminal, else TSV (full values)"),
+    ] = "auto",
     since: Annotated[str | None, typer.Option("--from", help="first day, YYYY-MM-DD")] = None,
     until: Annotated[str | None, typer.Option("--to", help="last day, YYYY-MM-DD")] = None,
     group_by: Annotated[
@@ -48,6 +59,8 @@ def report(
 ) -> None:
     """Cost per tenant, summed by day and model (or other groups)."""
     settings = load_settings(config)
+    if format == "auto":
+        format = "table" if sys.stdout.isatty() else "tsv"
 
     async def run() -> None:
         ledger = await SqlLedger.connect(settings.database.url)
@@ -77,10 +90,11 @@ def report(
             await ledger.aclose()
         if format == "json":
             typer.echo(json.dumps(render_json(result), indent=2))
-        elif format == "csv":
-            typer.echo(render_csv(result), nl=False)
+        elif format in ("csv", "tsv"):
+            typer.echo(render_csv(result, delimiter="," if format == "csv" else "\t"), nl=False)
         else:
-            Console().print(render_table(result))
+            console = Console()
+            console.print(render_table(result, width=console.width))
 
     asyncio.run(run())
 
@@ -90,7 +104,7 @@ def show(
     config: ConfigOpt,
     request_id: Annotated[str, typer.Option(help="the request's x-request-id")],
 ) -> None:
-    """One ledger row, as JSON."""
+    """One ledger row, as JSON: every column, defaults included."""
     settings = load_settings(config)
 
     async def run() -> None:
@@ -102,7 +116,7 @@ def show(
         if entry is None:
             typer.echo(f"no ledger row for {request_id}", err=True)
             raise typer.Exit(1)
-        typer.echo(json.dumps(json.loads(encode_entry(entry)), indent=2))
+        typer.echo(json.dumps(row_values(entry), indent=2))
 
     asyncio.run(run())
 
@@ -112,13 +126,16 @@ def _print_what_if(data: dict[str, Any], format: str) -> None:
         typer.echo(json.dumps(data, indent=2))
         return
     rows = [
-        (s["name"], s["model"] or "", s["cost_usd"] or "unknown", s["rate_source"])
+        (s["name"], s["model"] or "", s["cost_usd"] or "unknown", s["rate_source"], s["includes"])
         for s in data["scenarios"]
     ]
-    if format == "csv":
-        typer.echo("scenario,model,cost_usd,rate_source")
-        for row in rows:
-            typer.echo(",".join(row))
+    if format in ("csv", "tsv"):
+        sep = "," if format == "csv" else "\t"
+        out = io.StringIO()
+        writer = csv.writer(out, delimiter=sep, lineterminator="\n")
+        writer.writerow(("scenario", "model", "cost_usd", "rate_source", "includes"))
+        writer.writerows(rows)
+        typer.echo(out.getvalue(), nl=False)
         return
     from rich.table import Table
 
@@ -126,11 +143,11 @@ def _print_what_if(data: dict[str, Any], format: str) -> None:
         title=f"What-if — {data['tenant'] or 'all tenants'}, "
         f"{data['prompt_tokens']:,} + {data['completion_tokens']:,} tokens"
     )
-    for header in ("scenario", "model", "cost", "rate"):
+    for header in ("scenario", "model", "cost", "rate", "includes"):
         table.add_column(header)
-    for name, model, cost, source in rows:
-        shown = cost if cost == "unknown" else f"${Decimal(cost).quantize(Decimal('0.01')):,}"
-        table.add_row(name, model, shown, source)
+    for name, model, cost, source, includes in rows:
+        shown = cost if cost == "unknown" else display_usd(Decimal(cost))
+        table.add_row(name, model, shown, source, includes)
     Console().print(table)
 
 
@@ -155,11 +172,21 @@ def rollup(
 
     async def run() -> None:
         ledger = await SqlLedger.connect(settings.database.url)
+        redis = (
+            configured_client(settings.redis, socket_timeout=5.0) if settings.redis.url else None
+        )
         try:
             target = _day(day) or datetime.now(UTC).date()
-            result = await rollup_day(ledger, target, gpu=gpu_pool_costs(settings))
+            running = {}  # the replica time the gateway recorded that day (Redis)
+            if redis is not None:
+                prices = PriceBook.from_settings(settings.deployments, cost_map={})
+                rates = GpuRates(redis, settings.redis.key_prefix, prices.gpu_pools)
+                running = await replica_time(rates, target)
+            result = await rollup_day(ledger, target, gpu=gpu_pool_costs(settings), running=running)
         finally:
             await ledger.aclose()
+            if redis is not None:
+                await redis.aclose()
         typer.echo(
             f"{result.day}: {result.groups} rollup groups, {result.trueup_rows} true-up rows"
         )
@@ -171,14 +198,14 @@ def _print_verify(report: VerifyReport) -> None:
     typer.echo(
         f"rows {report.rows}, days {report.days}, rollup groups {report.rollup_groups}, "
         f"stream events {report.stream_events} ({report.stream_booked} booked, "
-        f"{report.stream_in_flight} in flight)"
+        f"{report.stream_in_flight} in flight), dead letters {report.dead_letters}"
     )
     for note in report.notes:
         typer.echo(f"note: {note}")
     for diff in report.differences:
         typer.echo(f"DIFFERENCE [{diff.check}] {diff.detail}")
     typer.echo(
-        "ok: rows, rollups, true-up and stream agree"
+        "ok: rows, rollups, true-up and stream agree; no dead letters"
         if report.ok
         else f"{len(report.differences)} differences"
     )
@@ -196,7 +223,9 @@ def verify(
 
     async def run() -> VerifyReport:
         ledger = await SqlLedger.connect(settings.database.url)
-        redis = redis_client(settings.redis.url, socket_timeout=5.0) if settings.redis.url else None
+        redis = (
+            configured_client(settings.redis, socket_timeout=5.0) if settings.redis.url else None
+        )
         try:
             return await verify_ledger(
                 ledger,

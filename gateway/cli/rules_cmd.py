@@ -74,9 +74,9 @@ async def _announce(settings: Settings, version: RuleVersion) -> None:
         return
     from redis.exceptions import RedisError
 
-    from gateway.queue.connection import redis_client
+    from gateway.queue.client.connection import configured_client
 
-    redis = redis_client(settings.redis.url)
+    redis = configured_client(settings.redis)
     try:
         await redis.publish(
             changes_channel(settings.redis.key_prefix), f"{version.tenant}:{version.version}"

@@ -1,5 +1,6 @@
 """``tiergate tenants create|list|show|update|delete``: run-time tenants, straight in SQL (the
-running gateways are told through Redis and reload within a second)."""
+running gateways are told through Redis and reload within a second: the configured Redis, or
+the embedded one a running gateway started on ``redis.embedded_dir``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gateway.api.tenant_views import config_view
 from gateway.auth.admin import AuthAdmin, open_auth_admin
 from gateway.auth.tenant_changes import TenantChanges
 from gateway.auth.tenants import TenantProfile, TenantRecord
+from gateway.embedded_redis import EmbeddedRedis
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.settings import Settings, load_settings
 
@@ -28,19 +30,44 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", exists=True, help="YA
 T = TypeVar("T")
 
 
-def run_admin(config: Path, action: Callable[[AuthAdmin], Awaitable[T]]) -> T:
-    """Run one change against the configured database (and Redis); errors exit 1."""
-    settings = load_settings(config)
+def run_admin(
+    config: Path, action: Callable[[AuthAdmin], Awaitable[T]], *, change: bool = True
+) -> T:
+    """Run one action against the configured database (and Redis); errors exit 1. A
+    ``change`` is announced to the running gateways on their Redis: the configured one, or the
+    embedded one a gateway runs on ``redis.embedded_dir``; with neither, the CLI says when
+    running gateways will see it."""
+    settings = _with_running_redis(load_settings(config))
 
     async def run() -> T:
         async with open_auth_admin(settings) as admin:
             return await action(admin)
 
     try:
-        return asyncio.run(run())
+        result = asyncio.run(run())
     except GatewayError as exc:
         typer.echo(f"tiergate: {exc.message}", err=True)
         raise typer.Exit(1) from None
+    if change and settings.redis.url is None:
+        typer.echo(
+            f"tiergate: saved; no gateway runs an embedded Redis in "
+            f"{settings.redis.embedded_dir} to tell: gateways apply it when they start, or at "
+            "their next full reload from the database (within 30 s)",
+            err=True,
+        )
+    return result
+
+
+def _with_running_redis(settings: Settings) -> Settings:
+    """``settings`` with the URL of the embedded Redis a running gateway started, when the
+    config names no Redis: the change is then announced there, as the admin API would."""
+    if settings.redis.url is not None:
+        return settings
+    url = EmbeddedRedis.running_url(settings.redis.embedded_dir)
+    if url is None:
+        return settings
+    redis = settings.redis.model_copy(update={"url": url})
+    return settings.model_copy(update={"redis": redis})
 
 
 def _view(record: TenantRecord) -> dict[str, Any]:
@@ -255,7 +282,7 @@ def list_(config: ConfigOpt) -> None:
     """Every tenant: the config file's (``source: config``), then the run-time ones
     (``source: runtime``; one named like a config-file tenant is shadowed by it)."""
     settings = load_settings(config)
-    records = run_admin(config, lambda a: a.store.list_tenants())
+    records = run_admin(config, lambda a: a.store.list_tenants(), change=False)
     _echo(
         [_config_view(settings, name) for name in settings.tenants]
         + [{**_view(r), **_shadowed(settings, r.name)} for r in records]
@@ -270,7 +297,7 @@ def show(config: ConfigOpt, name: Annotated[str, typer.Argument(help="tenant nam
     if name in settings.tenants:
         _echo(_config_view(settings, name))
         return
-    _echo(_view(run_admin(config, lambda a: a.store.get_tenant(name))))
+    _echo(_view(run_admin(config, lambda a: a.store.get_tenant(name), change=False)))
 
 
 def _shadowed(settings: Settings, name: str) -> dict[str, Any]:

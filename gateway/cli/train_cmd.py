@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +16,21 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 __all__ = ["train"]
 
 _REPO = Path(__file__).resolve().parents[2]
+
+BLAS_KERNELS = "Haswell"
+"""The OpenBLAS kernels training runs on (x86-64): results depend on them in the fourth decimal
+(AVX-512 kernels train another model than AVX2 ones), so one set, which every x86-64 CPU of the
+last decade runs, makes ``tiergate train`` give the shipped model on any of them."""
+
+
+def _pin_blas_kernels(console: Console) -> None:
+    """Pin OpenBLAS to ``BLAS_KERNELS`` before numpy loads it (it reads the variable once)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or "OPENBLAS_CORETYPE" in os.environ:
+        return
+    if "numpy" in sys.modules:
+        console.print("[yellow]numpy is already loaded: BLAS kernels not pinned[/]")
+        return
+    os.environ["OPENBLAS_CORETYPE"] = BLAS_KERNELS
 
 
 def train(
@@ -38,6 +56,7 @@ def train(
     if export_only:
         _export(console, out)
         return
+    _pin_blas_kernels(console)
     from router.training import train as run_training
 
     with Progress(
@@ -72,6 +91,20 @@ def train(
             f"prompt length {length['apgr']:.3f} {_interval(length.get('apgr_ci95'))}, "
             f"difference {ours['apgr_minus_prompt_length']:+.3f} "
             f"{_interval(ours.get('apgr_minus_prompt_length_ci95'))} (bootstrap 95%)"
+        )
+    for source, name in (("zeroeval_math_l5", "MATH level 5"), ("zeroeval_crux", "CRUXEval")):
+        family = ev.family_apgr.get(source, {})
+        ours, length = family.get("classifier", {}), family.get("prompt_length", {})
+        if ours and length:
+            console.print(
+                f"{name} APGR {ours['apgr']:.3f} {_interval(ours.get('apgr_ci95'))}, "
+                f"prompt length {length['apgr']:.3f}"
+            )
+    if ev.obvious:
+        console.print(
+            f"obvious cases (holdout, {ev.obvious['n']:.0f}): AUC {ev.obvious['auc']:.3f}, "
+            f"easy sent large {ev.obvious['easy_large']:.1%}, "
+            f"hard sent small {ev.obvious['hard_small']:.1%}"
         )
     steps = ev.gsm8k_steps_spearman
     if steps:

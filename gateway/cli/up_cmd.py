@@ -13,9 +13,10 @@ from typing import Annotated
 
 import typer
 
-from gateway.settings import SimulatorSettings, load_settings
+from gateway.cli.ports import Endpoint, stack_endpoints, taken
+from gateway.settings import Settings, SimulatorSettings, load_settings
 
-__all__ = ["up"]
+__all__ = ["banner", "ports_taken_message", "stop_all", "up", "wait_http_ok"]
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,9 @@ def _start_simulator(sim: SimulatorSettings, time_scale: float | None) -> subpro
     ]  # fmt: skip
     if sim.usage_log is not None:
         args += ["--usage-log", str(sim.usage_log)]
-    return subprocess.Popen(args)  # noqa: S603
+    # Its own session: Ctrl-C reaches only ``up``, which stops the simulators once the
+    # gateway has finished what it was answering (``stop_all``).
+    return subprocess.Popen(args, start_new_session=True)  # noqa: S603
 
 
 def wait_http_ok(url: str, timeout_s: float) -> bool:
@@ -46,6 +49,14 @@ def wait_http_ok(url: str, timeout_s: float) -> bool:
     return False
 
 
+def ports_taken_message(busy: list[Endpoint]) -> str:
+    where = ", ".join(str(endpoint) for endpoint in busy)
+    return (
+        f"tiergate: port{'s' if len(busy) > 1 else ''} already in use: {where}. Stop what "
+        "listens there, or use a config whose server and simulators are on free ports."
+    )
+
+
 def stop_all(procs: list[subprocess.Popen[bytes]], timeout_s: float = 5.0) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -57,6 +68,20 @@ def stop_all(procs: list[subprocess.Popen[bytes]], timeout_s: float = 5.0) -> No
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def banner(settings: Settings) -> str:
+    """What ``up`` prints once its simulators answer: where to point clients and people."""
+    server = settings.server
+    base = f"http://{server.host}:{server.port}"
+    return "\n".join(
+        (
+            f"tiergate: API          {base}/v1  (OpenAI-compatible; dev keys dev-acme, ...)",
+            f"tiergate: costs        {base}/dashboard",
+            f"tiergate: rules        {base}/dashboard/rules  (see, try and change routing rules)",
+            f"tiergate: metrics      http://{server.admin_host}:{server.admin_port}/metrics",
+        )
+    )
 
 
 def up(
@@ -71,15 +96,22 @@ def up(
 
     configure_logging()
     settings = load_settings(config)
+    busy = taken(stack_endpoints(settings))
+    if busy:
+        typer.echo(ports_taken_message(busy), err=True)
+        raise typer.Exit(1)
     procs = [_start_simulator(sim, time_scale) for sim in settings.simulators]
     try:
         for sim, proc in zip(settings.simulators, procs, strict=True):
-            if not wait_http_ok(f"http://{sim.host}:{sim.port}/health", 30):
+            # its own: the process started must still run once the port answers
+            ready = wait_http_ok(f"http://{sim.host}:{sim.port}/health", 30)
+            if not ready or proc.poll() is not None:
                 code = proc.poll()
                 typer.echo(
                     f"simulator {sim.profile} on port {sim.port} did not start ({code})", err=True
                 )
                 raise typer.Exit(1)
+        typer.echo(banner(settings))
         _run_async(serve(settings, dev=True, workers=True))
     finally:
         stop_all(procs)

@@ -1,6 +1,7 @@
-"""``GET /dashboard`` and its two assets. Nothing here reads data: the page signs in with a key
-(kept in the tab's ``sessionStorage``) and calls the reports API with it, so the API's scoping
-(a tenant sees only itself) is the dashboard's too. No external resources: the content security
+"""``GET /dashboard`` (costs) and ``GET /dashboard/rules`` (the rules console), and their assets.
+Nothing here reads data: each page signs in with a key (kept in the tab's ``sessionStorage``)
+and calls the reports or rules API with it, so the API's scoping (a tenant sees only itself) is
+the pages' too. No external resources: the content security
 policy allows only this origin."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from importlib.resources import files
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
-from gateway.auth.access import PUBLIC, access
+from gateway.api.access import PUBLIC, access
 
 __all__ = ["router"]
 
@@ -46,3 +47,19 @@ async def dashboard_js() -> Response:
 @router.get("/dashboard/app.css", dependencies=[access(PUBLIC)], include_in_schema=False)
 async def dashboard_css() -> Response:
     return Response(_asset("dashboard.css"), media_type="text/css", headers=_HEADERS)
+
+
+@router.get("/dashboard/rules", dependencies=[access(PUBLIC)], include_in_schema=False)
+async def rules_console() -> HTMLResponse:
+    """The rules console: the same sign-in, the rules API's scoping (docs/rules.md)."""
+    return HTMLResponse(_asset("rules.html"), headers=_HEADERS)
+
+
+@router.get("/dashboard/rules.js", dependencies=[access(PUBLIC)], include_in_schema=False)
+async def rules_console_js() -> Response:
+    return Response(_asset("rules.js"), media_type="text/javascript", headers=_HEADERS)
+
+
+@router.get("/dashboard/rules.css", dependencies=[access(PUBLIC)], include_in_schema=False)
+async def rules_console_css() -> Response:
+    return Response(_asset("rules.css"), media_type="text/css", headers=_HEADERS)

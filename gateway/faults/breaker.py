@@ -39,6 +39,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
+from gateway.queue.keys import RedisKeys
+
 __all__ = ["BreakerConfig", "BreakerState", "RedisBreaker"]
 
 log = logging.getLogger(__name__)
@@ -156,6 +158,7 @@ class RedisBreaker:
     ) -> None:
         self._redis = redis
         self._prefix = prefix
+        self._redis_keys = RedisKeys(prefix)
         self.config = config or BreakerConfig()
         self._on_state = on_state
         self._allow = redis.register_script(_ALLOW)
@@ -170,8 +173,7 @@ class RedisBreaker:
         must not renew it)."""
 
     def _keys(self, deployment: str) -> tuple[str, str, str, str]:
-        base = f"{self._prefix}:{{breaker:{deployment}}}"
-        return f"{base}:window", f"{base}:open", f"{base}:tripped", f"{base}:probe"
+        return self._redis_keys.breaker(deployment)
 
     def _notify(self, deployment: str, state: BreakerState) -> None:
         if self._on_state is not None:

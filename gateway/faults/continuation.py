@@ -3,8 +3,11 @@
 vLLM's chat API continues an assistant message when asked with ``continue_final_message: true``
 and ``add_generation_prompt: false``: the text already delivered goes in as the start of the
 assistant message and the model writes only the rest. Hosted APIs (litellm deployments) cannot,
-and a tool call cannot be resumed from a text prefix, so continuation applies only to plain-text
-answers between ``vllm`` deployments, and only when the config enables it.
+nor can a server that refuses an assistant prefill, and a tool call cannot be resumed from a
+text prefix, nor ``n`` answers as one assistant message, so continuation applies only to
+plain-text single-choice answers between deployments that accept continuation
+(``DeploymentSpec.continues``: the config's ``accepts_continuation``, by default the ``vllm``
+ones), and only when the config enables it.
 """
 
 from __future__ import annotations
@@ -27,11 +30,15 @@ class Delivered:
     """Content chunks (a backend sends one token per chunk; an estimate otherwise)."""
     tool_calls: bool = False
     completion_id: str | None = None
+    model: str | None = None
+    """The ``model`` of the first chunk: every later chunk of the answer says the same."""
 
     def add(self, chunk: Mapping[str, Any]) -> int:
         """Record one chunk the client got; the content pieces it carried."""
         if self.completion_id is None and isinstance(chunk.get("id"), str):
             self.completion_id = chunk["id"]
+        if self.model is None and isinstance(chunk.get("model"), str):
+            self.model = chunk["model"]
         pieces = 0
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
@@ -48,17 +55,30 @@ class Delivered:
     def content(self) -> str:
         return "".join(self.text)
 
+    def as_first(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        """A continuation's ``chunk`` under the first completion's id and model, so the
+        client sees one answer."""
+        same: dict[str, Any] = {}
+        if self.completion_id is not None:
+            same["id"] = self.completion_id
+        if self.model is not None:
+            same["model"] = self.model
+        return {**chunk, **same} if same else chunk
+
 
 def can_continue(
-    *, enabled: bool, body: Mapping[str, Any], delivered: Delivered, providers: Sequence[str]
+    *, enabled: bool, body: Mapping[str, Any], delivered: Delivered, capable: Sequence[bool]
 ) -> bool:
     """Whether a broken stream may continue: enabled, plain text so far, no tool use asked for,
-    and every deployment involved (``providers``: the one that broke, the next) speaks vLLM."""
+    and every deployment involved (``capable``: the one that broke, the next) accepts
+    continuation."""
     if not enabled or delivered.tool_calls or not delivered.content:
         return False
     if any(body.get(key) for key in _TOOL_KEYS):
         return False
-    return all(p == "vllm" for p in providers)
+    if body.get("n", 1) not in (None, 1):  # several answers cannot go on as one message
+        return False
+    return all(capable)
 
 
 def continuation_body(body: Mapping[str, Any], delivered: Delivered) -> dict[str, Any]:

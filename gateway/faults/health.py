@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 import aiohttp
 
 from gateway.faults.breaker import RedisBreaker
-from gateway.tasks import stop_task
+from gateway.loops import Loop
 
 __all__ = ["Health", "HealthProbe", "health_url"]
 
@@ -68,12 +68,26 @@ class HealthProbe:
         self._session = session
         self._breaker = breaker
         self._replicas = {d: tuple(urls) for d, urls in replicas.items() if urls}
-        self._interval_s = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._timeouts_to_drain = timeouts_to_drain
         self._silent_checks: dict[str, int] = {}
         self._on_down = on_down
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Loop(  # a background checker must not die
+            "health-probe",
+            self._check_and_log,
+            every_s=interval_s,
+            catch=(Exception,),
+            on_error=lambda exc: log.error("health check failed", exc_info=exc),
+        )
+
+    def set_replicas(self, deployment: str, urls: Sequence[str]) -> None:
+        """``deployment``'s replicas from now on (discovered pods joined or left). A deployment
+        with none is not checked: there is nothing to drain."""
+        if urls:
+            self._replicas[deployment] = tuple(urls)
+        else:
+            self._replicas.pop(deployment, None)
+            self._silent_checks.pop(deployment, None)
 
     async def _probe(self, base_url: str) -> Health:
         try:
@@ -98,7 +112,7 @@ class HealthProbe:
         """Check every deployment once; the ones drained (no replica up: all down, or silent
         for ``timeouts_to_drain`` checks in a row)."""
         down: set[str] = set()
-        for deployment, urls in self._replicas.items():
+        for deployment, urls in list(self._replicas.items()):
             results = await asyncio.gather(*(self._probe(u) for u in urls))
             if self._drains(deployment, results):
                 down.add(deployment)
@@ -107,21 +121,13 @@ class HealthProbe:
                     self._on_down(deployment)
         return frozenset(down)
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                down = await self.check()
-                if down:
-                    log.warning("failing health, drained: %s", ", ".join(sorted(down)))
-            except Exception:  # a background checker must not die
-                log.exception("health check failed")
-            await asyncio.sleep(self._interval_s)
+    async def _check_and_log(self) -> None:
+        down = await self.check()
+        if down:
+            log.warning("failing health, drained: %s", ", ".join(sorted(down)))
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="health-probe")
+        self._loop.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            await stop_task(self._task)
-            self._task = None
+        await self._loop.aclose()

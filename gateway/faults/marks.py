@@ -15,22 +15,47 @@ lives in this process, so if it dies before the mark is written there is no clie
 repeat text to (the reclaimed run is then run again and booked, not booked as broken).
 
 A mark can carry another command in its round trip (``also``): the run's note of its calls
-(``gateway.queue.notes``), which the stream's first chunk updates at no cost of its own.
+(``gateway.queue.ownership.notes``), which the stream's first chunk updates at no cost of its own.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from gateway.coalescer import Coalescer, Command
+from gateway.queue.keys import RedisKeys
 
-__all__ = ["StreamMarks"]
+__all__ = ["NoStreamMarks", "StreamMarker", "StreamMarks"]
 
 log = logging.getLogger(__name__)
+
+
+class StreamMarker(Protocol):
+    """Marks a stream as started, for a run that takes its job over (``StreamMarks``)."""
+
+    async def mark(
+        self, request_id: str, ttl_s: float, *, wait: bool = True, also: Command | None = None
+    ) -> None: ...
+
+    async def started(self, request_id: str) -> bool: ...
+
+
+class NoStreamMarks:
+    """The ``StreamMarker`` that marks nothing: a reclaimed stream is never known to have
+    started, and is run again from the start."""
+
+    async def mark(
+        self, request_id: str, ttl_s: float, *, wait: bool = True, also: Command | None = None
+    ) -> None:
+        return None
+
+    async def started(self, request_id: str) -> bool:
+        return False
 
 
 class StreamMarks:
@@ -39,10 +64,11 @@ class StreamMarks:
     ) -> None:
         self._redis = redis
         self._prefix = prefix
+        self._redis_keys = RedisKeys(prefix)
         self._coalescer = coalescer
 
     def _key(self, request_id: str) -> str:
-        return f"{self._prefix}:{{req:{request_id}}}:stream-started"
+        return self._redis_keys.stream_mark(request_id)
 
     async def mark(
         self, request_id: str, ttl_s: float, *, wait: bool = True, also: Command | None = None

@@ -10,14 +10,13 @@ the breaker's local view of closed breakers: by default ``interval_s`` is half o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
 from gateway.faults.breaker import BreakerState, RedisBreaker
-from gateway.tasks import stop_task
+from gateway.loops import Loop
 
 __all__ = ["BreakerWatch"]
 
@@ -38,9 +37,14 @@ class BreakerWatch:
         view_s = breaker.config.closed_view_s
         if interval_s is None:
             interval_s = min(1.0, view_s / 2) if view_s > 0 else 1.0
-        self._interval_s = interval_s
         self._set_state = set_state
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Loop(  # a background refresher must not die
+            "breaker-watch",
+            self.refresh,
+            every_s=interval_s,
+            catch=(Exception,),
+            on_error=lambda exc: log.error("breaker refresh failed", exc_info=exc),
+        )
         self.open_now: frozenset[str] = frozenset()
         """Deployments whose breaker was open at the last refresh."""
 
@@ -54,19 +58,8 @@ class BreakerWatch:
             for name, state in states.items():
                 self._set_state(name, state.name.lower())
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.refresh()
-            except Exception:  # a background refresher must not die
-                log.exception("breaker refresh failed")
-            await asyncio.sleep(self._interval_s)
-
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="breaker-watch")
+        self._loop.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            await stop_task(self._task)
-            self._task = None
+        await self._loop.aclose()

@@ -39,18 +39,23 @@ def tier_faults(settings: FallbackSettings) -> dict[Tier, TierFaults]:
                 retry_on=frozenset(r.retry_on),
             ),
             attempt_s=cfg.timeouts.attempt_s,
+            first_token_s=cfg.timeouts.first_token_s,
+            first_byte_s=cfg.timeouts.first_byte_s,
+            share=settings.attempt_share,
         )
     return out
 
 
 def backend_timeouts(settings: FallbackSettings, dep: DeploymentSettings) -> dict[str, float]:
-    """Keyword arguments for a backend's constructor: connect, first-token, stall, total."""
+    """Keyword arguments for a backend's constructor: connect, first-token, stall, total,
+    first-byte."""
     t = settings.for_tier(dep.tier).timeouts
     return {
         "connect_s": t.connect_s,
         "first_token_s": t.first_token_s,
         "stall_s": t.stall_s,
         "total_s": min(dep.timeout_s, t.attempt_s),
+        "first_byte_s": t.first_byte_s,
     }
 
 

@@ -1,10 +1,14 @@
 """Idempotency keys: a repeated non-streamed request (same tenant, same ``idempotency-key``) runs
 once; the repeat waits for the first one's answer and gets the same body.
 
-``<p>:{idem:<tenant>}:k:<key>`` holds the request id of the first request (``SET NX``), and
+``<p>:{idem:<tenant>}:k:<key>`` holds the request id of the first request and a fingerprint of
+its body (``SET NX``; ``request_fingerprint``), and
 ``<p>:{idem:<tenant>}:r:<key>`` its final reply once its worker has one (apart, so that no
 client key can name another key's reply); both expire after ``ttl_s``. The repeat is
 never queued, so the backend is called once and the ledger has the first request's row only.
+A repeat whose body differs from the first one's is not a repeat but a client error: it is
+refused with 422 ``idempotency_key_mismatch`` (the IETF ``Idempotency-Key`` draft's answer),
+runs nothing, and leaves the key to the first request.
 
 After a Redis loss the keys are gone, so the ledger is asked instead: the row of a request that
 ran carries its key (``ledger_entries.idempotency_key``). To keep SQL off the request path, the
@@ -22,7 +26,9 @@ A request that ran during the loss but was not yet in SQL when its repeat came i
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -30,10 +36,24 @@ import orjson
 import redis.asyncio as aioredis
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.errors import DeadlineExceeded, IdempotencyKeyReused, ServiceUnavailable
-from gateway.queue.jobs import Reply
+from gateway.errors import (
+    DeadlineExceeded,
+    IdempotencyKeyMismatch,
+    IdempotencyKeyReused,
+    ServiceUnavailable,
+)
+from gateway.queue.keys import RedisKeys
+from gateway.reply_meta import ReplyMeta
+from router.plan import RoutePlan
 
-__all__ = ["Idempotency", "IdempotencySource"]
+__all__ = [
+    "Answer",
+    "Fingerprinted",
+    "FirstAnswer",
+    "Idempotency",
+    "IdempotencySource",
+    "request_fingerprint",
+]
 
 _POLL_S = 0.02
 LOOKUP_TIMEOUT_S = 2.0
@@ -69,6 +89,58 @@ return 0
 """
 
 
+class Fingerprinted(Protocol):
+    """What makes a keyed request what it is (``gateway.queue.jobs.Job``)."""
+
+    @property
+    def plan(self) -> RoutePlan: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def body(self) -> dict[str, Any]: ...
+
+
+class Answer(Protocol):
+    """A final answer kept for a key's repeats (``gateway.queue.jobs.Reply``)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def data(self) -> dict[str, Any]: ...
+    @property
+    def meta(self) -> ReplyMeta: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FirstAnswer:
+    """The first request's answer, as kept (an ``Answer``)."""
+
+    request_id: str
+    kind: str
+    data: dict[str, Any]
+    meta: ReplyMeta
+
+
+def request_fingerprint(job: Fingerprinted) -> str:
+    """What makes two requests with one key the same request: the model asked for, streaming
+    or not, and the body the backend gets (every field the client sent but ``metadata``), in
+    a canonical form (key order and spacing do not matter)."""
+    canonical = orjson.dumps(
+        [job.plan.requested_model, job.stream, job.body],
+        option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+    )
+    return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+def _claimed(value: str) -> tuple[str, str | None]:
+    """``(request id, fingerprint)`` from a claim key's value (``None``: written without one,
+    as a key restored from the ledger is)."""
+    request_id, _, fingerprint = value.partition(" ")
+    return request_id, fingerprint or None
+
+
 class IdempotencySource(Protocol):
     """Where a lost key is looked up (``SqlLedger.idempotent_request``)."""
 
@@ -86,34 +158,39 @@ class Idempotency:
     ) -> None:
         """``ledger``: where keys lost with Redis are looked up (none: a lost key is new)."""
         self._redis = redis
-        self._prefix = prefix
+        self._keys = RedisKeys(prefix)
         self._ttl_s = ttl_s
         self._ledger = ledger
         self._claim = redis.register_script(_CLAIM)
         self._release = redis.register_script(_RELEASE)
 
     def _key(self, tenant: str, key: str) -> str:
-        return f"{self._prefix}:{{idem:{tenant}}}:k:{key}"
+        return self._keys.idempotency_claim(tenant, key)
 
     def _result_key(self, tenant: str, key: str) -> str:
-        return f"{self._prefix}:{{idem:{tenant}}}:r:{key}"
+        return self._keys.idempotency_result(tenant, key)
 
     def _since(self, tenant: str) -> str:
-        return f"{self._prefix}:{{idem:{tenant}}}"
+        return self._keys.idempotency_tag(tenant)
 
-    async def claim(self, tenant: str, key: str, request_id: str) -> str | None:
+    async def claim(
+        self, tenant: str, key: str, request_id: str, fingerprint: str = ""
+    ) -> str | None:
         """``None`` when this request is the first with ``key``; else the first one's id.
-        Raises ``IdempotencyKeyReused`` when the ledger shows the key ran before Redis lost
-        it, and ``ServiceUnavailable`` when the ledger cannot say."""
+        Raises ``IdempotencyKeyMismatch`` when the first one's ``fingerprint``
+        (``request_fingerprint``) differs from this one's, ``IdempotencyKeyReused`` when the
+        ledger shows the key ran before Redis lost it, and ``ServiceUnavailable`` when the
+        ledger cannot say."""
         name = self._key(tenant, key)
         check = "1" if self._ledger is not None else "0"
+        value = f"{request_id} {fingerprint}" if fingerprint else request_id
         status, first = await self._claim(
-            keys=[name, self._since(tenant)], args=[request_id, self._ttl_s, check, MARKER_TTL_S]
+            keys=[name, self._since(tenant)], args=[value, self._ttl_s, check, MARKER_TTL_S]
         )
         if int(status) == 1:
             return None
         if int(status) == 0:
-            return _text(first)
+            return self._same(_text(first), fingerprint)
         ran = await self._lookup(tenant, key)
         if ran is not None:
             async with self._redis.pipeline(transaction=True) as pipe:
@@ -126,15 +203,27 @@ class Idempotency:
                 )
                 await pipe.execute()
             raise self._reused(ran)
-        if await self._redis.set(name, request_id, nx=True, ex=self._ttl_s):
+        if await self._redis.set(name, value, nx=True, ex=self._ttl_s):
             return None
-        return _text(await self._redis.get(name))  # another request claimed it meanwhile
+        # another request claimed it meanwhile
+        return self._same(_text(await self._redis.get(name)), fingerprint)
 
-    async def release(self, tenant: str, key: str, request_id: str) -> None:
+    def _same(self, claimed: str, fingerprint: str) -> str:
+        """The first request's id, if its body is this one's (or either has no fingerprint)."""
+        first, theirs = _claimed(claimed)
+        if fingerprint and theirs is not None and theirs != fingerprint:
+            raise IdempotencyKeyMismatch(
+                f"this idempotency key was used by request {first} with a different body; "
+                "use a new key for a new request"
+            )
+        return first
+
+    async def release(self, tenant: str, key: str, request_id: str, fingerprint: str = "") -> None:
         """Give ``key`` up when the request that claimed it was refused before it could run
         (its queue full, say): a retry with the key then runs, instead of waiting for an answer
         that will never come. Only ``request_id``'s own claim is removed."""
-        await self._release(keys=[self._key(tenant, key)], args=[request_id])
+        value = f"{request_id} {fingerprint}" if fingerprint else request_id
+        await self._release(keys=[self._key(tenant, key)], args=[value])
 
     async def _lookup(self, tenant: str, key: str) -> str | None:
         assert self._ledger is not None
@@ -151,13 +240,13 @@ class Idempotency:
             "its answer is no longer available, and the request is not run again"
         )
 
-    async def store(self, tenant: str, key: str, reply: Reply) -> None:
+    async def store(self, tenant: str, key: str, reply: Answer) -> None:
         payload = orjson.dumps(
-            {"r": reply.request_id, "k": reply.kind, "d": reply.data, "m": reply.meta}
+            {"r": reply.request_id, "k": reply.kind, "d": reply.data, "m": reply.meta.to_values()}
         )
         await self._redis.set(self._result_key(tenant, key), payload, ex=self._ttl_s)
 
-    async def wait(self, tenant: str, key: str, deadline: float) -> Reply:
+    async def wait(self, tenant: str, key: str, deadline: float) -> FirstAnswer:
         """The first request's final reply, once there; ``DeadlineExceeded`` at ``deadline``;
         ``IdempotencyKeyReused`` when the first one's answer was lost with Redis."""
         name = self._result_key(tenant, key)
@@ -167,7 +256,8 @@ class Idempotency:
                 data = orjson.loads(raw)
                 if "reused" in data:
                     raise self._reused(str(data["reused"]))
-                return Reply(data["r"], data["k"], data["d"], data["m"])
+                meta = ReplyMeta.from_values(data["m"])
+                return FirstAnswer(data["r"], data["k"], data["d"], meta)
             if time.time() >= deadline:
                 raise DeadlineExceeded("the first request with this idempotency key did not finish")
             await asyncio.sleep(_POLL_S)

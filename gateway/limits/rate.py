@@ -39,6 +39,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.errors import RateLimited, ServiceUnavailable
+from gateway.queue.keys import RedisKeys
 
 __all__ = ["RateLimiter", "RateUsageSource", "TenantRates", "replay_level"]
 
@@ -150,15 +151,14 @@ class RateLimiter:
         """``rates``: each tenant's limits, read at every check (a live view such as
         ``TenantDirectory.rates``: a change applies to the next request); ``ledger``: rebuilds
         lost buckets from SQL (none: a lost bucket starts full)."""
-        self._prefix = prefix
+        self._redis_keys = RedisKeys(prefix)
         self._ledger = ledger
         self._rates = rates
         self._take = redis.register_script(_TAKE)
         self._seed_script = redis.register_script(_SEED)
 
     def _keys(self, tenant: str) -> list[str]:
-        tag = f"{self._prefix}:{{rl:{tenant}}}"
-        return [f"{tag}:requests", f"{tag}:tokens", f"{tag}:seeded", f"{tag}:seeding"]
+        return self._redis_keys.rate_buckets(tenant)
 
     async def admit(self, tenant: str, *, tokens: int) -> None:
         """Take one request and ``tokens`` tokens of ``tenant``'s allowance, or raise

@@ -16,6 +16,7 @@ import logging
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any, Literal, TextIO
 
@@ -27,6 +28,7 @@ __all__ = [
     "bind_request_id",
     "configure_logging",
     "log_request",
+    "new_request_id",
     "request_id_var",
 ]
 
@@ -39,6 +41,11 @@ ACCESS_LOGGER = "tiergate.access"
 _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
 )
+
+
+def new_request_id() -> str:
+    """A request id: ``req_`` and 32 hex digits (the ledger row's key for a chat request)."""
+    return f"req_{uuid.uuid4().hex}"
 
 
 def bind_request_id(request_id: str) -> contextvars.Token[str | None]:
@@ -97,6 +104,11 @@ class BackgroundStreamHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             if not self._writer.is_alive():
+                if sys.is_finalizing():
+                    # A finalizer logging after ``logging.shutdown``: a thread started now
+                    # never runs (and ``start`` waits for it forever), so write here.
+                    self._write_now(self.format(record))
+                    return
                 # Closed and still in use: ``logging.config.dictConfig`` (uvicorn calls it at
                 # start-up) closes every existing handler. Start writing again.
                 with self._lock_writer:
@@ -132,14 +144,17 @@ class BackgroundStreamHandler(logging.Handler):
                     break
                 batch.append(item)
             if batch:
-                with contextlib.suppress(OSError, ValueError):
-                    self._stream.write("\n".join(batch) + "\n")
-                    self._stream.flush()
+                self._write_now("\n".join(batch))
             if isinstance(item, threading.Event):
                 item.set()  # a flush: everything before it is written
                 self._wake.set()  # lines after it may wait in the deque
             elif item is None:
                 return
+
+    def _write_now(self, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.write(text + "\n")
+            self._stream.flush()
 
     def flush(self) -> None:
         """Wait until every line emitted so far is written."""
@@ -174,6 +189,9 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # Alembic narrates every plugin and revision (each revision's docstring, over several
+    # lines) at INFO; ``gateway.accounting.migrate`` says in one line what a start migrated.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
 
 
 def log_request(

@@ -32,7 +32,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from gateway.accounting.records import LedgerEntry
     from gateway.errors import GatewayError
     from gateway.queue.jobs import Job
+    from gateway.reply_meta import ReplyMeta
     from router.plan import RoutePlan
 
 __all__ = ["CHAT_PATH", "Tracing", "TracingMiddleware", "note_error"]
@@ -281,7 +282,7 @@ class Tracing:
         _PROPAGATOR.inject(carrier)
         return carrier.get("traceparent")
 
-    def answered(self, meta: Mapping[str, Any], outcome: str, stream: bool) -> None:
+    def answered(self, meta: ReplyMeta, outcome: str, stream: bool) -> None:
         """The relay's account of an answered request, on the request span."""
         if not self.enabled:
             return
@@ -290,14 +291,14 @@ class Tracing:
             return
         attributes: dict[str, Any] = {
             GEN_AI_STREAM: stream,
-            GEN_AI_INPUT_TOKENS: int(meta.get("prompt_tokens", 0)),
-            GEN_AI_OUTPUT_TOKENS: int(meta.get("completion_tokens", 0)),
+            GEN_AI_INPUT_TOKENS: meta.prompt_tokens,
+            GEN_AI_OUTPUT_TOKENS: meta.completion_tokens,
         }
-        if meta.get("deployment"):
-            attributes[GEN_AI_RESPONSE_MODEL] = str(meta["deployment"])
-            attributes[TIER_SERVED] = str(meta.get("tier") or "")
-        if meta.get("cost_usd") is not None:
-            attributes[COST] = str(meta["cost_usd"])
+        if meta.deployment:
+            attributes[GEN_AI_RESPONSE_MODEL] = meta.deployment
+            attributes[TIER_SERVED] = meta.tier or ""
+        if meta.cost_text is not None:
+            attributes[COST] = meta.cost_text
         if outcome != "ok":
             attributes[ERROR_TYPE] = outcome
         span.set_attributes(attributes)

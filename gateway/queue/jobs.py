@@ -4,15 +4,18 @@ callable a run sends them through (``Emit``)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, get_args
 
 import orjson
 from redis.typing import EncodableT, FieldT
 
+from gateway.codec import RecordCodec
+from gateway.errors import GatewayError, relayed_error
+from gateway.reply_meta import ReplyMeta
 from router.plan import RoutePlan
 
-__all__ = ["Emit", "Job", "Reply", "ReplyKind"]
+__all__ = ["Emit", "Job", "Reply", "ReplyKind", "reply_kind"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,53 +43,38 @@ class Job:
     traceparent: str | None = None
     """W3C trace context of the edge's request span (tracing on); the worker's spans join it.
     Not encoded when ``None``; optional when decoding (jobs queued before it existed)."""
+    endpoint: str = "chat"
+    """The API the client called (``LedgerEntry.endpoint``). ``embeddings``: ``body`` is an
+    embeddings request, sent to the deployment's ``/v1/embeddings``; every other one runs as
+    the chat request ``body`` is. Not encoded when ``chat``."""
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "request_id": self.request_id,
-                "tenant": self.tenant,
-                "principal": self.principal,
-                "reply_to": self.reply_to,
-                "plan": self.plan.to_dict(),
-                "body": self.body,
-                "stream": self.stream,
-                "enqueued_at": self.enqueued_at,
-                "deadline": self.deadline,
-                "received_at": self.received_at,
-                "app": self.app,
-                "tags": list(self.tags),
-                "priority": self.priority,
-                "idempotency_key": self.idempotency_key,
-                "conversation": self.conversation,
-                **({"traceparent": self.traceparent} if self.traceparent else {}),
-            }
-        )
+        return orjson.dumps(_JOB.to_values(self))
 
     @classmethod
     def decode(cls, raw: bytes) -> Job:
-        data = orjson.loads(raw)
-        return cls(
-            request_id=data["request_id"],
-            tenant=data["tenant"],
-            principal=data["principal"],
-            reply_to=data["reply_to"],
-            plan=RoutePlan.from_dict(data["plan"]),
-            body=data["body"],
-            stream=bool(data["stream"]),
-            enqueued_at=float(data["enqueued_at"]),
-            deadline=float(data["deadline"]),
-            received_at=float(data["received_at"]),
-            app=data.get("app"),
-            tags=tuple(data.get("tags", ())),
-            priority=data.get("priority", "standard"),
-            idempotency_key=data.get("idempotency_key"),
-            conversation=data.get("conversation"),
-            traceparent=data.get("traceparent"),
-        )
+        return _JOB.from_values(orjson.loads(raw))
+
+
+_JOB = RecordCodec(
+    Job,
+    {RoutePlan: (RoutePlan.to_dict, RoutePlan.from_dict)},
+    omit_when_default=frozenset({"traceparent", "endpoint"}),
+)
+"""Every field of ``Job`` (``gateway.codec``); ``traceparent`` only when set, ``endpoint``
+only when not ``chat``."""
 
 
 ReplyKind = Literal["chunk", "result", "error", "end"]
+_REPLY_KINDS: tuple[ReplyKind, ...] = get_args(ReplyKind)
+
+
+def reply_kind(value: str) -> ReplyKind:
+    """``value`` as a ``ReplyKind``; ``ValueError`` for any other word."""
+    for kind in _REPLY_KINDS:
+        if kind == value:
+            return kind
+    raise ValueError(f"unknown reply kind {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,32 +84,55 @@ class Reply:
     - ``chunk``: ``data`` is a chat.completion.chunk; ``meta`` on the first one names the
       deployment that answers (tier, model, rule).
     - ``result``: ``data`` is the chat.completion body; ``meta`` has routing and accounting.
-    - ``error``: ``data`` is an OpenAI error body, ``meta["status"]`` its HTTP status.
+    - ``error``: ``data`` is an OpenAI error body, ``meta.status`` its HTTP status
+      (``failed``, ``error``).
     - ``end``: a stream finished (successfully or not); ``meta`` has accounting.
     """
 
     request_id: str
     kind: ReplyKind
     data: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: ReplyMeta = field(default_factory=ReplyMeta)
+
+    @classmethod
+    def failed(cls, request_id: str, error: GatewayError, meta: ReplyMeta | None = None) -> Reply:
+        """The ``error`` reply answering ``error``, with the figures of ``meta``."""
+        return cls(
+            request_id,
+            "error",
+            error.body(),
+            replace(
+                meta or ReplyMeta(),
+                status=error.status,
+                retry_after=error.retry_after,
+                outcome=error.booked_as,
+            ),
+        )
+
+    def error(self) -> GatewayError:
+        """The error an ``error`` reply answers, made again (``gateway.errors.RELAYED``)."""
+        return relayed_error(
+            self.data,
+            status=self.meta.status,
+            outcome=self.meta.outcome,
+            retry_after=self.meta.retry_after,
+        )
 
     def fields(self) -> dict[FieldT, EncodableT]:
         payload: dict[str, Any] = {"d": self.data}
-        if self.meta:
-            payload["m"] = self.meta
+        meta = self.meta.to_values()
+        if meta:
+            payload["m"] = meta
         return {"r": self.request_id, "k": self.kind, "p": orjson.dumps(payload)}
 
     @classmethod
     def from_fields(cls, fields: dict[bytes, bytes]) -> Reply:
         payload = orjson.loads(fields[b"p"])
-        kind = fields[b"k"].decode()
-        if kind not in ("chunk", "result", "error", "end"):
-            raise ValueError(f"unknown reply kind {kind!r}")
         return cls(
             request_id=fields[b"r"].decode(),
-            kind=kind,  # type: ignore[arg-type]
+            kind=reply_kind(fields[b"k"].decode()),
             data=payload["d"],
-            meta=payload.get("m", {}),
+            meta=ReplyMeta.from_values(payload.get("m", {})),
         )
 
 

@@ -4,8 +4,14 @@ Keys carry a hash tag (``{…}``) so that a Redis Cluster keeps the keys one ope
 one slot: everything one tier's scripts touch (its lanes, tenant streams, depth counters,
 doorbell, idle workers, replica slot leases, the claims of its requests) shares the tag
 ``{q:<tier>}``; what is kept about one request across the runs of its job (its stream mark,
-``gateway.faults.marks``, and its run note) shares ``{req:<request id>}``. ``prefix`` isolates
-deployments (and tests) sharing one Redis.
+``gateway.faults.marks``, and its run note) shares ``{req:<request id>}``; a tenant's
+idempotency keys ``{idem:<t>}``, rate buckets ``{rl:<t>}`` and budgets ``{budget:<t>}``; a
+deployment's breaker ``{breaker:<d>}`` and GPU counters ``{gpu:<d>}``; the ledger's streams
+``{ledger}``. Keys that no multi-key step touches (channels, heartbeats, counters) carry no tag.
+``prefix`` isolates deployments (and tests) sharing one Redis. The Lua scripts name the keys
+they touch in ``KEYS`` or get them, or their prefixes, from here in ``ARGV``; tests check that
+every script and multi-key command stays in one slot (``tests/gateway/test_key_slots.py``) and
+run the whole path on a Redis Cluster (``tests/e2e/test_redis_cluster.py``).
 """
 
 from __future__ import annotations
@@ -67,8 +73,14 @@ class RedisKeys:
 
     def slots(self, tier: str, replica: str) -> str:
         """Sorted set of slot leases held on one replica, scored by expiry (ms). Beside the
-        tier's slot sets, ``…:slots-epoch`` (``gateway.queue.capacity.epoch_key_of``)."""
+        tier's slot sets, ``…:slots-epoch`` (``slots_epoch_of``)."""
         return f"{self.tier_tag(tier)}:slots:{replica}"
+
+    @staticmethod
+    def slots_epoch_of(slot_key: str) -> str:
+        """The epoch key of the tier whose slot set is ``slot_key`` (``slots``): when its slot
+        leases were last restored (``gateway.queue.replicas.capacity``), in the tier's hash tag."""
+        return slot_key.rsplit(":slots:", 1)[0] + ":slots-epoch"
 
     def service_time(self, tier: str) -> str:
         """Moving average of a job's time on a backend (s), for expected waits."""
@@ -92,7 +104,7 @@ class RedisKeys:
 
     def run_note(self, request_id: str) -> str:
         """What a run of a request's job did so far, for the run that takes the job over
-        (``gateway.queue.notes``). Beside its stream mark, in the request's own slot."""
+        (``gateway.queue.ownership.notes``). Beside its stream mark, in the request's own slot."""
         return f"{self.prefix}:{{req:{request_id}}}:run"
 
     @property
@@ -101,6 +113,11 @@ class RedisKeys:
         return f"{self.prefix}:{{ledger}}:events"
 
     ledger_group: str = "ledger"
+
+    @property
+    def ledger_dead_letters(self) -> str:
+        """Stream of the ledger events the sink set aside (``gateway.accounting.dead_letters``)."""
+        return f"{self.prefix}:{{ledger}}:dead"
 
     def worker_heartbeat(self, worker_id: str) -> str:
         """A worker's liveness for readiness checks (``worker_pattern``)."""
@@ -114,3 +131,87 @@ class RedisKeys:
     @property
     def worker_pattern(self) -> str:
         return f"{self.prefix}:workers:*"
+
+    # Per request, beside its run note (``{req:<request id>}``).
+
+    def stream_mark(self, request_id: str) -> str:
+        """That a request's stream reached its client (``gateway.faults.marks``)."""
+        return f"{self.prefix}:{{req:{request_id}}}:stream-started"
+
+    # Per tenant: idempotency keys, rate-limit buckets, budgets (one hash tag each).
+
+    def idempotency_tag(self, tenant: str) -> str:
+        """``{prefix}:{idem:<tenant>}``: when the tenant's keys were last lost (a string)."""
+        return f"{self.prefix}:{{idem:{tenant}}}"
+
+    def idempotency_claim(self, tenant: str, key: str) -> str:
+        """Which request holds an idempotency key (``gateway.limits.idempotency``)."""
+        return f"{self.idempotency_tag(tenant)}:k:{key}"
+
+    def idempotency_result(self, tenant: str, key: str) -> str:
+        """The final reply of the request that held an idempotency key."""
+        return f"{self.idempotency_tag(tenant)}:r:{key}"
+
+    def rate_buckets(self, tenant: str) -> list[str]:
+        """A tenant's request and token buckets, and the marks of their rebuild from SQL
+        (``gateway.limits.rate``): requests, tokens, seeded, seeding."""
+        tag = f"{self.prefix}:{{rl:{tenant}}}"
+        return [f"{tag}:requests", f"{tag}:tokens", f"{tag}:seeded", f"{tag}:seeding"]
+
+    def budget_tag(self, tenant: str) -> str:
+        """``{prefix}:{budget:<tenant>}``: the start of every budget key of a tenant."""
+        return f"{self.prefix}:{{budget:{tenant}}}"
+
+    def budget_open(self, tenant: str) -> str:
+        """Sorted set of a tenant's unsettled reservations (``gateway.accounting.budgets``)."""
+        return f"{self.budget_tag(tenant)}:open"
+
+    def budget_window(self, tenant: str, budget: str, start: str) -> str:
+        """Hash of one budget's window (``spent``, ``reserved``), by the window's first day."""
+        return f"{self.budget_tag(tenant)}:b:{budget}:{start}"
+
+    def budget_reservation(self, tenant: str, request_id: str) -> str:
+        """What one request reserved; ``budget_reservation(t, "")`` is the prefix the release
+        script scans with."""
+        return f"{self.budget_tag(tenant)}:res:{request_id}"
+
+    def budget_settled(self, tenant: str, request_id: str) -> str:
+        """That a request's reservation was settled (once per request id)."""
+        return f"{self.budget_tag(tenant)}:done:{request_id}"
+
+    @property
+    def budget_sweep(self) -> str:
+        """Whose turn it is to sweep unsettled reservations (``gateway.accounting.sweep``)."""
+        return f"{self.prefix}:budgets:sweep"
+
+    # Per deployment: breaker state, GPU throughput (one hash tag each).
+
+    def breaker(self, deployment: str) -> tuple[str, str, str, str]:
+        """A deployment's breaker (``gateway.faults.breaker``): window, open, tripped, probe."""
+        base = f"{self.prefix}:{{breaker:{deployment}}}"
+        return f"{base}:window", f"{base}:open", f"{base}:tripped", f"{base}:probe"
+
+    def gpu_rate(self, deployment: str, kind: str, suffix: object) -> str:
+        """A GPU pool's token or time counter for one period (``gateway.accounting.gpu_rates``)."""
+        return f"{self.prefix}:{{gpu:{deployment}}}:{kind}:{suffix}"
+
+    # Single keys and channels (no multi-key operation touches them).
+
+    @property
+    def auth_version(self) -> str:
+        """Counter of tenant and key changes (``gateway.auth.changes``)."""
+        return f"{self.prefix}:auth:version"
+
+    @property
+    def auth_channel(self) -> str:
+        """Pub/sub channel announcing tenant and key changes."""
+        return f"{self.prefix}:auth:changes"
+
+    @property
+    def rules_channel(self) -> str:
+        """Pub/sub channel announcing applied rule versions (``gateway.rules``)."""
+        return f"{self.prefix}:rules:changes"
+
+    def sticky_tier(self, tenant: str, conversation: str) -> str:
+        """The tier a conversation's first turn chose (``gateway.rules.sticky``)."""
+        return f"{self.prefix}:rules:sticky:{tenant}:{conversation}"

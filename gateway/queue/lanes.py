@@ -25,10 +25,11 @@ list. A worker that dies while registered may be handed a job until its registra
 (``idle_ms``, about two bell periods); that job is in its pending list under its claim, and
 another worker's reclaimer runs it once its heartbeat is gone, as for any job it had started.
 
-Every key the scripts touch is tagged ``{q:<tier>}``. The per-tenant streams are derived inside
-the take script from the tier's tag (the lane sets name the tenants), and an idle worker's wake
-list inside the enqueue script (the idle set names the worker), so they stay in the tier's
-Cluster slot though the scripts do not declare them.
+Every key the scripts touch is tagged ``{q:<tier>}``. The per-tenant streams are named inside
+the take script (the lane sets name the tenants), and an idle worker's wake list inside the
+enqueue script (the idle set names the worker), each from a prefix ``RedisKeys`` gives in
+``ARGV`` (``jobs(tier, lane, "")``, ``wake(tier, "")``), so they stay in the tier's Cluster slot
+though the scripts do not declare them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from gateway.coalescer import Coalescer
+from gateway.coalescer import CommandQueue
 from gateway.queue.keys import DIRECT_LANE, LANES, RedisKeys
 
 __all__ = ["HANDED_OFF", "Handoff", "LaneQueue", "QueueFull", "Taken", "lane_of"]
@@ -48,7 +49,7 @@ HANDED_OFF = 0
 
 # KEYS: jobs stream, lane set, depth x3, bell, streams set; to hand off: direct stream, idle set,
 # claim. ARGV: job, tenant, weight, max depth, lane index (1-3), group; to hand off: claim ttl (s),
-# tier tag.
+# the wake lists' prefix.
 _ENQUEUE = """
 local li = tonumber(ARGV[5])
 local lane_depth = KEYS[2 + li]
@@ -72,7 +73,7 @@ if #KEYS == 10 then
       redis.call('SADD', KEYS[7], KEYS[8])
       local id = redis.call('XADD', KEYS[8], '*', 'j', ARGV[1], 'w', ARGV[3], 'o', worker)
       redis.call('XREADGROUP', 'GROUP', ARGV[6], worker, 'COUNT', 1, 'STREAMS', KEYS[8], '>')
-      local wake = ARGV[8] .. ':wake:' .. worker
+      local wake = ARGV[8] .. worker
       redis.call('RPUSH', wake, id .. ' ' .. #ARGV[2] .. ' ' .. ARGV[2] .. ARGV[1])
       redis.call('EXPIRE', wake, ARGV[7])
       return 0
@@ -96,15 +97,16 @@ redis.call('SADD', KEYS[7], KEYS[1])
 return waiting + 1
 """
 
-# KEYS: lane sets x3, depth x3, idle set, taken counters x3, slot keys... ARGV: tier tag, group,
-# consumer, batch limit, idle ms (0: the caller does not wait for hand-offs).
+# KEYS: lane sets x3, depth x3, idle set, taken counters x3, slot keys... ARGV: the wake lists'
+# prefix, group, consumer, batch limit, idle ms (0: the caller does not wait for hand-offs), the
+# job streams' prefix of each lane x3.
 _TAKE = """
-local tag, group, consumer = ARGV[1], ARGV[2], ARGV[3]
+local wake, group, consumer = ARGV[1], ARGV[2], ARGV[3]
 local batch_limit = tonumber(ARGV[4])
 local idle_ms = tonumber(ARGV[5])
 if idle_ms > 0 then
   redis.call('ZREM', KEYS[7], consumer)
-  local handed = redis.call('LPOP', tag .. ':wake:' .. consumer)
+  local handed = redis.call('LPOP', wake .. consumer)
   if handed then return {handed} end
 end
 local lanes = {'interactive', 'standard', 'batch'}
@@ -120,7 +122,7 @@ for li = 1, 3 do
   if allowed then
     local tenants = redis.call('ZRANGE', KEYS[li], 0, -1)
     for _, tenant in ipairs(tenants) do
-      local stream = tag .. ':jobs:' .. lanes[li] .. ':' .. tenant
+      local stream = ARGV[5 + li] .. tenant
       local r = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1,
                            'STREAMS', stream, '>')
       if r and r[1] and #r[1][2] > 0 then
@@ -186,7 +188,7 @@ def lane_of(priority: str) -> str:
 
 class LaneQueue:
     def __init__(
-        self, redis: aioredis.Redis, keys: RedisKeys, *, coalescer: Coalescer | None = None
+        self, redis: aioredis.Redis, keys: RedisKeys, *, coalescer: CommandQueue | None = None
     ) -> None:
         """``coalescer``: acknowledgements are queued on it instead of awaited."""
         self._redis = redis
@@ -239,7 +241,7 @@ class LaneQueue:
                 k.idle(tier),
                 k.claim(tier, handoff.request_id),
             ]
-            args += [handoff.claim_ttl_s, k.tier_tag(tier)]
+            args += [handoff.claim_ttl_s, k.wake(tier, "")]
         depth = int(await self._enqueue(keys=keys, args=args))
         if depth < 0:
             raise QueueFull(-depth - 1)
@@ -265,11 +267,12 @@ class LaneQueue:
             *slot_keys,
         ]
         args: list[str | int] = [
-            self._keys.tier_tag(tier),
+            self._keys.wake(tier, ""),
             self._keys.group,
             consumer,
             batch_limit,
             idle_ms,
+            *(self._keys.jobs(tier, lane, "") for lane in LANES),
         ]
         got: Any = await self._take(keys=keys, args=args)
         if not got:

@@ -2,8 +2,8 @@
 
 The executor keeps one ``Run`` per job it serves: every backend call so far (each an ``Attempt``
 of the ledger row, with the tokens it is booked), the attempts of the runs before it (a job
-taken over from a worker that died or handed it back, ``gateway.queue.notes``), the time spent
-in backends, when the stream's first chunk left, and the deployment that answered. The ledger
+taken over from a worker that died or handed it back, ``gateway.queue.ownership.notes``), the time
+spent in backends, when the stream's first chunk left, and the deployment that answered. The ledger
 entry and the figures the replies carry are built from it (``gateway.queue.billing``).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from backends.errors import BackendError
 from backends.types import Usage
 from gateway.accounting.records import Attempt
 from gateway.queue.jobs import Job
@@ -40,6 +41,15 @@ class Run:
     ttft_at: float | None = None
     deployment: str | None = None
     downgraded: bool = False
+    waited_s: float = 0.0
+    """Time spent waiting between retries (``Retry-After``, backoff): neither backend time nor
+    the gateway's own overhead."""
+    last_error: BackendError | None = None
+    """The last failure of this run's calls: the client's error when no deployment answers
+    (its status, ``Retry-After`` and the provider's own code)."""
+    served_by: list[str] = field(default_factory=list)
+    """The deployments whose output reached the client, in order: more than one when a
+    stream was continued elsewhere."""
 
     def booked(self) -> tuple[Attempt, ...]:
         """Every call the job's ledger row books: the earlier runs', then this one's."""

@@ -9,16 +9,51 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from gateway.api.admission import Admitted
 from gateway.rules.registry import RuleRegistry
 from gateway.rules.sticky import StickyConversations, conversation_key, later_turn
 from router.catalog import Tier
+from router.features import PromptFeatures
 from router.plan import RoutePlan
 from router.rules import RequestContext, RuleSet
 
-__all__ = ["RuleInputs", "RulesRuntime", "capped_body", "hold_conversation", "rule_inputs"]
+__all__ = [
+    "RuleInputs",
+    "RuledRequest",
+    "RulesRuntime",
+    "capped_body",
+    "hold_conversation",
+    "rule_inputs",
+]
+
+
+class _Meta(Protocol):
+    @property
+    def app(self) -> str | None: ...
+    @property
+    def tags(self) -> tuple[str, ...]: ...
+    @property
+    def conversation_id(self) -> str | None: ...
+
+
+class _Client(Protocol):
+    @property
+    def user(self) -> str | None: ...
+
+
+class RuledRequest(Protocol):
+    """What the rules read of an admitted request (``gateway.api.admission.Admitted``): its
+    metadata, its messages, its turns and the client's ``user``."""
+
+    @property
+    def request(self) -> _Client: ...
+    @property
+    def body(self) -> dict[str, Any]: ...
+    @property
+    def meta(self) -> _Meta: ...
+    @property
+    def features(self) -> PromptFeatures: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +73,9 @@ class RuleInputs:
 
 
 async def rule_inputs(
-    runtime: RulesRuntime | None,
+    runtime: RulesRuntime,
     tenant: str,
-    admitted: Admitted,
+    admitted: RuledRequest,
     *,
     now: datetime | None = None,
     time_left_s: float | None = None,
@@ -51,11 +86,7 @@ async def rule_inputs(
     messages = admitted.body.get("messages") or []
     key = conversation_key(meta.conversation_id, messages)
     sticky: Tier | None = None
-    if (
-        runtime is not None
-        and key is not None
-        and later_turn(meta.conversation_id, admitted.features.n_turns)
-    ):
+    if key is not None and later_turn(meta.conversation_id, admitted.features.n_turns):
         sticky = await runtime.sticky.tier(tenant, key)
     context = RequestContext(
         app=meta.app,
@@ -66,17 +97,15 @@ async def rule_inputs(
         conversation=key,
         time_left_s=time_left_s,
     )
-    if runtime is None:
-        return RuleInputs(RuleSet(), context, 0)
     registry = runtime.registry
     return RuleInputs(registry.for_tenant(tenant), context, registry.version(tenant))
 
 
 async def hold_conversation(
-    runtime: RulesRuntime | None, tenant: str, inputs: RuleInputs, plan: RoutePlan
+    runtime: RulesRuntime, tenant: str, inputs: RuleInputs, plan: RoutePlan
 ) -> None:
     key = inputs.context.conversation
-    if runtime is not None and key is not None and plan.tier is Tier.LARGE:
+    if key is not None and plan.tier is Tier.LARGE:
         await runtime.sticky.hold(tenant, key, Tier.LARGE)
 
 

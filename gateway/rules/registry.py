@@ -67,6 +67,17 @@ class RuleRegistry:
             self._combined[tenant] = combined
         return combined
 
+    def own(self, tenant: str) -> RuleSet:
+        """The tenant's own rules, without the global ones (``GLOBAL``: the global rules)."""
+        return self._sets.get(tenant, _EMPTY)
+
+    def with_draft(self, tenant: str, draft: RuleSet) -> RuleSet:
+        """What would run for ``tenant`` if ``draft`` replaced its own rules: the draft, then
+        the global rules (a draft of ``GLOBAL`` itself stands alone, marked global)."""
+        if tenant == GLOBAL:
+            return draft.scoped("global")
+        return draft.then(self._sets.get(GLOBAL, _EMPTY))
+
     def version(self, tenant: str) -> int:
         return self._versions.get(tenant, 0)
 
@@ -76,9 +87,12 @@ class RuleRegistry:
 
     # ---- writing ----
 
-    def validate(self, source: str) -> RuleSet:
-        """Compile ``source`` against the catalog; raises ``RulesInvalid`` (with the line)."""
-        return parse_rules(source, catalog=self.catalog)
+    async def validate(self, source: str) -> RuleSet:
+        """Compile ``source`` against the catalog; raises ``RulesInvalid`` (with the line).
+
+        In a thread: the source is a client's, and parsing it (bounded by the rule file's
+        limits, ``router.rules.source``) is CPU work that must not hold up the event loop."""
+        return await asyncio.to_thread(parse_rules, source, catalog=self.catalog)
 
     async def apply(
         self,
@@ -95,7 +109,7 @@ class RuleRegistry:
         stay in force.
         """
         if source is not None:
-            self.validate(source)
+            await self.validate(source)
         version = await self.store.append(
             tenant, source, author=author, action=action, restored=restored
         )

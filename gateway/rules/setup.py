@@ -6,6 +6,7 @@ import contextlib
 
 import redis.asyncio as aioredis
 
+from gateway.queue.keys import RedisKeys
 from gateway.rules.edge import RulesRuntime
 from gateway.rules.registry import RuleRegistry
 from gateway.rules.sticky import StickyConversations
@@ -17,7 +18,7 @@ __all__ = ["changes_channel", "open_rules"]
 
 
 def changes_channel(prefix: str) -> str:
-    return f"{prefix}:rules:changes"
+    return RedisKeys(prefix).rules_channel
 
 
 async def open_rules(

@@ -17,6 +17,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.queue.keys import RedisKeys
 from router.catalog import Tier
 from router.features import message_text
 
@@ -55,11 +56,11 @@ def later_turn(conversation_id: str | None, n_turns: int) -> bool:
 class StickyConversations:
     def __init__(self, redis: aioredis.Redis, prefix: str, ttl_s: int) -> None:
         self._redis = redis
-        self._prefix = f"{prefix}:rules:sticky"
+        self._keys = RedisKeys(prefix)
         self._ttl_s = ttl_s
 
     def _key(self, tenant: str, conversation: str) -> str:
-        return f"{self._prefix}:{tenant}:{conversation}"
+        return self._keys.sticky_tier(tenant, conversation)
 
     async def tier(self, tenant: str, conversation: str) -> Tier | None:
         """The tier the conversation is held to; ``None`` when none, or Redis cannot say (then

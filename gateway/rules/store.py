@@ -19,8 +19,8 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from gateway.accounting.ledger import create_ledger_engine
 from gateway.rules.schema import create_rules_schema, rule_versions
+from gateway.sqlengine import create_sql_engine
 
 __all__ = ["GLOBAL", "RuleVersion", "SqlRuleStore"]
 
@@ -85,7 +85,7 @@ class SqlRuleStore:
     @classmethod
     async def connect(cls, url: str) -> SqlRuleStore:
         """Open the database and create the rule tables if missing."""
-        engine = create_ledger_engine(url)
+        engine = create_sql_engine(url)
         await create_rules_schema(engine)
         return cls(engine)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from datetime import tzinfo
 from zoneinfo import ZoneInfo
 
+from router.aliases import ModelAliases
 from router.catalog import Tier
 from router.rules.schema import Action, Condition, RuleFileModel, RuleModel
 
@@ -73,6 +74,8 @@ class RuleSet:
     spill_to: tuple[Tier, ...] | None = None
     lines: Mapping[str, int | None] = field(default_factory=dict)
     spill_on_deadline: bool | None = None
+    aliases: ModelAliases = field(default_factory=ModelAliases)
+    """The rules file's model aliases (a tenant's, then the global file's)."""
 
     @property
     def uses_score(self) -> bool:
@@ -113,6 +116,7 @@ class RuleSet:
                 if self.spill_on_deadline is not None
                 else fallback.spill_on_deadline
             ),
+            aliases=self.aliases.then(fallback.aliases),
         )
 
     def scoped(self, scope: str) -> RuleSet:
@@ -144,4 +148,5 @@ def compile_rules(model: RuleFileModel, *, lines: Mapping[str, int | None]) -> R
         spill_to=model.defaults.spill_to,
         lines=dict(lines),
         spill_on_deadline=model.defaults.spill_on_deadline,
+        aliases=ModelAliases.of(model.aliases),
     )

@@ -32,6 +32,8 @@ class Facts:
     catalog: Catalog
     lowered: str = ""
     """The last user message lower-cased, when some rule has case-insensitive keywords."""
+    alias_of: str | None = None
+    """The name the client sent, when an alias turned it into ``requested_model``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +105,10 @@ def _metadata(rule: CompiledRule, facts: Facts) -> str | None:
         return f"tags {list(ctx.tags)} share none of {list(when.tag)}"
     if when.user is not None and (why := _one_of("user", ctx.user, when.user)):
         return why
-    if when.model is not None and (why := _one_of("model", facts.requested_model, when.model)):
-        return why
+    if when.model is not None and facts.alias_of not in when.model:
+        why = _one_of("model", facts.requested_model, when.model)
+        if why:
+            return why
     return None
 
 

@@ -11,7 +11,14 @@ import re
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from router.catalog import Tier
 
@@ -26,7 +33,10 @@ __all__ = [
     "TimeWindow",
 ]
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""Matched whole (``fullmatch``: ``$`` would let a trailing newline through, into ledger rows
+and the ``x-tiergate-rule`` header)."""
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 MAX_REGEX_CHARS = 512
 _NESTED_QUANTIFIER = re.compile(r"[+*}]\)[+*{]")
@@ -118,7 +128,16 @@ class TimeWindow(_Strict):
         return value
 
 
-Names = Annotated[tuple[str, ...], Field(min_length=1)]
+def _no_control(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Request values never hold a control character (the edge refuses them), so a name with
+    one could never match: refused, as a typo would be."""
+    for name in names:
+        if _CONTROL.search(name):
+            raise ValueError(f"{name!r} contains a control character")
+    return names
+
+
+Names = Annotated[tuple[str, ...], Field(min_length=1), AfterValidator(_no_control)]
 
 
 class Condition(_Strict):
@@ -131,7 +150,8 @@ class Condition(_Strict):
     user: Names | None = None
     """The OpenAI ``user`` field."""
     model: Names | None = None
-    """The model the client asked for (``auto``, a tier, a deployment id)."""
+    """The model the client asked for (``auto``, a tier, a deployment id; for a model alias,
+    either the alias or its target)."""
     prompt_tokens: Range | None = None
     turns: Range | None = None
     """Conversation length: user messages in the request."""
@@ -190,10 +210,17 @@ class RuleModel(_Strict):
     when: Condition = Condition()
     then: Action
 
+    @field_validator("description")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("contains NUL (U+0000)")
+        return value
+
     @field_validator("id")
     @classmethod
     def _id(cls, value: str) -> str:
-        if not _ID.match(value):
+        if not _ID.fullmatch(value):
             raise ValueError("ids are 1-64 letters, digits, '.', '_' or '-'")
         return value
 
@@ -217,4 +244,7 @@ class Defaults(_Strict):
 class RuleFileModel(_Strict):
     version: Literal[1] = 1
     defaults: Defaults = Defaults()
+    aliases: dict[str, str] = Field(default_factory=dict)
+    """Model aliases of the tenant (or, in the global file, of everyone): name or ``*`` pattern
+    → ``auto``, a tier or a deployment id (``router.aliases``)."""
     rules: tuple[RuleModel, ...] = ()

@@ -26,6 +26,7 @@ All numbers are computed on the validation split (``router.training.data.is_vali
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,10 +40,11 @@ from router.experts import MULTIPLE_CHOICE, expert_for
 from router.features import PromptFeatures
 from router.sklearn_classifier import SklearnClassifier
 from router.training.apgr import compare_routers, length_scores
-from router.training.data import Row, group_key, is_validation, load_rows
+from router.training.data import Row, is_validation, load_rows, row_group
 from router.training.labels import (
     ARENA_HARD_SOURCES,
     EVERYDAY_SOURCES,
+    OBVIOUS_SOURCE,
     LabelScheme,
     needs_large,
     targets,
@@ -55,6 +57,7 @@ __all__ = [
     "evaluate",
     "evaluate_rows",
     "mix_group",
+    "pairwise_auc",
     "share_curve",
     "split_rows",
 ]
@@ -63,7 +66,18 @@ SHARE_POINTS = 101
 """The share curve's resolution: shares 0, 0.01, …, 1."""
 BOOTSTRAP_RESAMPLES = 1000
 
-MIX_GROUPS = ("everyday", "arena_hard", "mmlu_pro", "gsm8k")
+MIX_GROUPS = ("everyday", "arena_hard", "mmlu_pro", "gsm8k", "zeroeval_math_l5", "zeroeval_crux")
+MIX_WEIGHTS = {
+    "everyday": 0.4,
+    "arena_hard": 0.2,
+    "mmlu_pro": 0.1,
+    "gsm8k": 0.1,
+    "zeroeval_math_l5": 0.1,
+    "zeroeval_crux": 0.1,
+}
+"""The documented mix the share curve and the default threshold are read on: everyday chat
+(self-instruct, vicuna bench) 40 %, arena-hard 20 %, and 10 % each of MMLU-Pro, GSM8K, MATH
+and CRUXEval, since a gateway's traffic is mostly chat, not exams."""
 
 
 def mix_group(row: Row) -> str:
@@ -81,7 +95,10 @@ def split_rows(rows: Sequence[Row], *, seed: int, fraction: float) -> tuple[list
     train: list[Row] = []
     validation: list[Row] = []
     for row in rows:
-        side = is_validation(group_key(row.prompt), seed=seed, fraction=fraction)
+        if row.split is not None:  # the obvious cases come split
+            (validation if row.split == "holdout" else train).append(row)
+            continue
+        side = is_validation(row_group(row), seed=seed, fraction=fraction)
         (validation if side else train).append(row)
     return train, validation
 
@@ -108,9 +125,23 @@ class EvalReport:
     gsm8k_steps_spearman: dict[str, float] = field(default_factory=dict)
     gsm8k_proxy_apgr: dict[str, dict[str, object]] = field(default_factory=dict)
     multiple_choice_share: dict[str, float] = field(default_factory=dict)
+    family_apgr: dict[str, dict[str, dict[str, object]]] = field(default_factory=dict)
+    """MATH level 5 and CRUXEval: APGR with the 8B / 70B flags, as ``mmlu_apgr``."""
+    obvious: dict[str, float] = field(default_factory=dict)
+    """The obvious cases' holdout half: pairwise AUC (hard above easy), the share of easy
+    prompts at or above the threshold and of hard ones below it."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def pairwise_auc(positive: Sequence[float], negative: Sequence[float]) -> float:
+    """P(a positive scores above a negative), ties counting half (no numpy needed)."""
+    wins = 0.0
+    for p in positive:
+        for n in negative:
+            wins += 1.0 if p > n else 0.5 if p == n else 0.0
+    return wins / (len(positive) * len(negative))
 
 
 def _auc(labels: Sequence[bool], scores: Sequence[float]) -> float:
@@ -120,9 +151,12 @@ def _auc(labels: Sequence[bool], scores: Sequence[float]) -> float:
 
 
 def _unrounded_threshold(scores: Mapping[str, np.ndarray], share: float) -> float:
-    groups = [values for values in scores.values() if len(values)]
-    values = np.concatenate(groups)
-    weights = np.concatenate([np.full(len(g), 1.0 / (len(g) * len(groups))) for g in groups])
+    present = {name: values for name, values in scores.items() if len(values)}
+    total = sum(MIX_WEIGHTS.get(name, 1.0) for name in present)
+    values = np.concatenate(list(present.values()))
+    weights = np.concatenate(
+        [np.full(len(g), MIX_WEIGHTS.get(n, 1.0) / (len(g) * total)) for n, g in present.items()]
+    )
     order = np.argsort(-values, kind="stable")
     cumulative = np.cumsum(weights[order])
     position = min(int(np.searchsorted(cumulative, share)), len(values) - 1)
@@ -190,8 +224,11 @@ def _round_list(value: object) -> object:
 
 def _mix_share(scores: Mapping[str, np.ndarray], threshold: float) -> dict[str, float]:
     shares = {name: float(np.mean(values >= threshold)) for name, values in scores.items()}
-    present = [shares[name] for name, values in scores.items() if len(values)]
-    shares["mix"] = float(np.mean(present)) if present else float("nan")
+    present = [name for name, values in scores.items() if len(values)]
+    total = sum(MIX_WEIGHTS.get(name, 1.0) for name in present)
+    shares["mix"] = (
+        sum(shares[n] * MIX_WEIGHTS.get(n, 1.0) for n in present) / total if present else math.nan
+    )
     return {name: round(value, 4) for name, value in shares.items()}
 
 
@@ -210,6 +247,20 @@ def _routed(rows: Sequence[Row], scores: np.ndarray, threshold: float) -> dict[s
         "accuracy_all_large": float(np.mean(strong)),
     }
     return {name: round(value, 4) for name, value in result.items()}
+
+
+def _obvious(rows: Sequence[Row], scores: np.ndarray, threshold: float) -> dict[str, float]:
+    at = [i for i, row in enumerate(rows) if row.source == OBVIOUS_SOURCE]
+    if not at:
+        return {}
+    hard = np.array([rows[i].difficulty == "hard" for i in at])
+    values = scores[at]
+    return {
+        "n": len(at),
+        "auc": _auc(hard.tolist(), values.tolist()),
+        "easy_large": round(float(np.mean(values[~hard] >= threshold)), 4),
+        "hard_small": round(float(np.mean(values[hard] < threshold)), 4),
+    }
 
 
 def evaluate_rows(
@@ -272,6 +323,15 @@ def evaluate_rows(
         mmlu_apgr=_mmlu_apgr(mmlu_rows, mmlu_scores, resamples),
         gsm8k_steps_spearman=_gsm8k_spearman(gsm8k_rows, scores[groups == "gsm8k"]),
         gsm8k_proxy_apgr=_gsm8k_proxy_apgr(gsm8k_rows, scores[groups == "gsm8k"], resamples),
+        family_apgr={
+            source: _mmlu_apgr(
+                [r for r in validation if r.source == source],
+                scores[[i for i, r in enumerate(validation) if r.source == source]],
+                resamples,
+            )
+            for source in ("zeroeval_math_l5", "zeroeval_crux")
+        },
+        obvious=_obvious(validation, scores, threshold),
         multiple_choice_share={
             name: round(float(np.mean(multiple_choice[groups == name])), 4)
             for name in MIX_GROUPS

@@ -29,8 +29,8 @@ __all__ = ["MULTIPLE_CHOICE_PIPELINE", "OPEN_PIPELINE", "PipelineConfig", "build
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
     word_features: int = 2**16
-    word_ngrams: tuple[int, int] = (1, 2)
-    meta_features: int = 2**10
+    word_ngrams: tuple[int, int] = (1, 1)
+    meta_features: int = 2**14
     stop_words: str | None = None
     """``"english"`` drops scikit-learn's stop words; tried, no better on validation."""
     c: float = 1.0

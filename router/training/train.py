@@ -25,15 +25,15 @@ import sklearn
 import skops
 from threadpoolctl import threadpool_limits
 
-from router.classifier import MODEL_TEXT_VERSION, model_text
-from router.experts import GAIN, MULTIPLE_CHOICE, OPEN, PROBABILITY
-from router.features import PromptFeatures
+from router.classifier import MODEL_TEXT_VERSION, model_text_of
+from router.experts import MULTIPLE_CHOICE, OPEN, PROBABILITY
 from router.model_file import card_path, save_classifier
 from router.sklearn_classifier import SklearnClassifier, SklearnExpert
+from router.training.blend import apply_length_slopes
 from router.training.data import DATA_FILES, Row, load_rows
 from router.training.evaluate import EvalReport, evaluate_rows, split_rows
 from router.training.export import export_model_file
-from router.training.labels import LabelScheme, Target, expert_targets
+from router.training.labels import LabelScheme, Target, training_targets
 from router.training.pipeline import (
     MULTIPLE_CHOICE_PIPELINE,
     OPEN_PIPELINE,
@@ -41,25 +41,28 @@ from router.training.pipeline import (
     build_pipeline,
 )
 
-__all__ = ["STAGES", "Progress", "TrainConfig", "TrainReport", "train"]
+__all__ = ["LENGTH_SLOPES", "STAGES", "Progress", "TrainConfig", "TrainReport", "train"]
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, completed, total)``: called as each stage starts, and with ``"done"``."""
 STAGES = ("load", "fit", "evaluate", "save")
 CARD_NOTES = (
-    "Two experts, chosen by whether the last user message has multiple-choice options "
-    "(router/experts.py). multiple_choice: E[70B correct - 8B correct] learnt from MMLU-Pro "
-    "outcomes, from the structural and question-shape tokens only. open: P(large needed) "
-    "learnt from weak labels (everyday instructions 0, arena-hard 0.7 / creative 0.5, GSM8K "
-    "by solution steps); see router/training/labels.py.",
+    "One model for every kind of prompt (both experts of the file serve it): the expected gain "
+    "E[70B correct - 8B correct], learnt from the IRT gain of the MMLU-Pro, MATH and CRUXEval "
+    "outcome matrices, from weak labels (everyday 0, arena-hard 0.45, GSM8K by steps) and the "
+    "obvious cases' train half; on model text v4, format taken off (router/prompt_text.py). "
+    "See router/training/labels.py.",
     "Not calibrated as a probability: use the threshold (chosen for target_large_share of an "
-    "equal-weight mix of everyday, arena-hard, MMLU-Pro and GSM8K validation prompts) or the "
-    "share curve (metrics.share_thresholds, threshold_for_share), not 0.5.",
-    "On MMLU-Pro's real outcomes the model ranks only a little better than prompt length "
-    "(metrics.mmlu_apgr); the open expert's separation comes from the weak labels, and with "
-    "them the style of their collections.",
-    "Metrics are on a validation split grouped by normalised question text (seed above).",
+    "equal-weight mix of everyday chat, arena-hard, MMLU-Pro, GSM8K, MATH and CRUXEval "
+    "validation prompts) or the share curve (metrics.share_thresholds), not 0.5.",
+    "Metrics are on a validation split grouped by normalised question text (seed above); the "
+    "obvious cases' holdout half is their own family.",
 )
+
+
+LENGTH_SLOPES: dict[str, float] = {"mc": 0.05, "code": 0.0, "math": 0.0, "txt": 0.0}
+"""The blend's length slope per kind of prompt (``router.training.blend``), chosen on the
+grouped CV of ``bench/classifier_families.py``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +71,14 @@ class TrainConfig:
     open_pipeline: PipelineConfig = OPEN_PIPELINE
     multiple_choice_pipeline: PipelineConfig = MULTIPLE_CHOICE_PIPELINE
     validation_fraction: float = 0.2
-    target_large_share: float = 0.4
+    target_large_share: float = 0.35
     """Share of the everyday/hard mix the default threshold sends to the large tier."""
     max_rows_per_source: int | None = None
     """Subsample each source to at most this many rows (quick runs and tests)."""
     bootstrap_resamples: int = 1000
     """Resamples behind the validation APGR intervals (fewer: quicker, rougher)."""
+    length_slopes: tuple[tuple[str, float], ...] = tuple(sorted(LENGTH_SLOPES.items()))
+    """Per kind, the slope added to the logit per length step (the blend with length)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +89,9 @@ class TrainReport:
     """The serving export written beside the model (``router.serving_export``)."""
     seed: int
     n_train_rows: dict[str, int]
-    """Labelled rows per expert."""
+    """Labelled rows per source (``<source>_variant``: format variants)."""
     n_train_examples: dict[str, int]
-    """Weighted examples each expert was fitted on (a soft label counts twice)."""
+    """Weighted examples the model was fitted on (a soft label counts twice)."""
     evaluation: EvalReport
     model_bytes: int
     seconds: float
@@ -124,27 +129,26 @@ def _examples(labelled: Sequence[Target]) -> tuple[list[int], list[int], list[fl
     return index, classes, weights
 
 
-def _fit_experts(
-    config: TrainConfig, labelled: dict[str, list[Target]]
-) -> dict[str, SklearnExpert]:
-    mc = _fit_expert(config.multiple_choice_pipeline, labelled[MULTIPLE_CHOICE])
+def _fit_experts(config: TrainConfig, labelled: Sequence[Target]) -> dict[str, SklearnExpert]:
+    """One pipeline for every kind of prompt; both experts of the model file serve it."""
+    pipeline = _fit_expert(config.open_pipeline, labelled, config.length_slopes)
     return {
-        MULTIPLE_CHOICE: SklearnExpert(mc, GAIN),
-        OPEN: SklearnExpert(_fit_expert(config.open_pipeline, labelled[OPEN]), PROBABILITY),
+        MULTIPLE_CHOICE: SklearnExpert(pipeline, PROBABILITY),
+        OPEN: SklearnExpert(pipeline, PROBABILITY),
     }
 
 
-def _fit_expert(config: PipelineConfig, labelled: Sequence[Target]) -> Any:
-    """A pipeline built from ``config`` and fitted to ``labelled``."""
+def _fit_expert(
+    config: PipelineConfig, labelled: Sequence[Target], slopes: Sequence[tuple[str, float]] = ()
+) -> Any:
+    """A pipeline built from ``config``, fitted to ``labelled``, with the length slopes."""
     pipeline = build_pipeline(config)
-    _fit_model(pipeline, _vectorize(pipeline, labelled), labelled)
+    texts = [model_text_of(t.row.prompt) for t in labelled]
+    _fit_model(pipeline, pipeline.named_steps["features"].fit_transform(texts).tocsr(), labelled)
+    if slopes:
+        vocabulary = {token for text in texts for token in text.split("\n", 1)[0].split()}
+        apply_length_slopes(pipeline, dict(slopes), vocabulary)
     return pipeline
-
-
-def _vectorize(pipeline: Any, labelled: Sequence[Target]) -> Any:
-    """The feature matrix, one row per labelled row (the vectorizers are stateless)."""
-    texts = [model_text(PromptFeatures.from_text(t.row.prompt)) for t in labelled]
-    return pipeline.named_steps["features"].fit_transform(texts).tocsr()
 
 
 def _fit_model(pipeline: Any, matrix: Any, labelled: Sequence[Target]) -> None:
@@ -152,6 +156,14 @@ def _fit_model(pipeline: Any, matrix: Any, labelled: Sequence[Target]) -> None:
     pipeline.named_steps["model"].fit(
         matrix[index], np.asarray(classes), sample_weight=np.asarray(weights)
     )
+
+
+def _count_by_source(labelled: Sequence[Target]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for target in labelled:
+        key = target.row.source + ("_variant" if target.row.id.endswith("~4") else "")
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _file_digests(data_dir: Path) -> dict[str, str]:
@@ -213,7 +225,7 @@ def train(
     step("load")
     rows = _subsample(load_rows(data_dir), config.max_rows_per_source, seed)
     train_rows, validation = split_rows(rows, seed=seed, fraction=config.validation_fraction)
-    labelled = expert_targets(train_rows, config.labels)
+    labelled = training_targets(train_rows, config.labels)
     step("fit")
     with threadpool_limits(limits=1):
         experts = _fit_experts(config, labelled)
@@ -242,8 +254,8 @@ def train(
         card_path=card_path(out),
         export_path=export,
         seed=seed,
-        n_train_rows={name: len(rows) for name, rows in labelled.items()},
-        n_train_examples={name: len(_examples(rows)[0]) for name, rows in labelled.items()},
+        n_train_rows=_count_by_source(labelled),
+        n_train_examples={"all": len(_examples(labelled)[0])},
         evaluation=evaluation,
         model_bytes=out.stat().st_size,
         seconds=round(time.perf_counter() - started, 1),

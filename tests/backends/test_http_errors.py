@@ -208,3 +208,22 @@ def test_timeout_message_says_what_was_awaited() -> None:
     )
     assert "the next chunk (2s stall)" in str(err)
     assert err.retryable
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [
+        ({"error": {"message": "no", "code": "content_policy_violation"}},
+         "content_policy_violation"),
+        ({"error": {"message": "too long", "code": "context_length_exceeded"}},
+         "context_length_exceeded"),
+        ({"error": {"message": "bad", "type": "BadRequestError", "code": 400}}, None),  # vLLM's
+        ({"object": "error", "message": "bad", "code": 400}, None),
+    ],
+)  # fmt: skip
+def test_the_providers_own_code_is_kept_without_the_replica_name(
+    payload: dict[str, object], code: str | None
+) -> None:
+    error = error_from_response(400, {}, orjson.dumps(payload), backend="llama-8b#0")
+    assert error.code == code
+    assert "#0" in str(error) and "#0" not in error.message  # the message is the client's

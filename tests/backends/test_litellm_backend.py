@@ -281,6 +281,7 @@ async def test_chat(make: Callable[..., LiteLLMBackend], server: Server) -> None
     assert response.usage == Usage(9, 2)
     assert response.body["choices"][0]["message"]["content"] == "Hi!"
     assert isinstance(orjson.dumps(response.body), bytes)  # plain, JSON-ready data
+    assert b"provider_specific_fields" not in orjson.dumps(response.body)  # litellm's own
     sent = server.seen.bodies[0]
     assert sent["model"] == "gpt-test" and sent["temperature"] == 0.1
     assert sent["top_k"] == 5  # unknown fields go through as extra_body
@@ -304,6 +305,7 @@ async def test_stream_with_usage(
     assert chunks[-1].usage == Usage(9, 2) and chunks[-1].data["choices"] == []
     assert chunks[-2].data["choices"][0]["finish_reason"] == "stop"
     assert all(c.usage is None and not c.data.get("usage") for c in chunks[:-1])
+    assert not any(b"provider_specific_fields" in orjson.dumps(c.data) for c in chunks)
     sent = server.seen.bodies[0]
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
 

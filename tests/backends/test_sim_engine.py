@@ -12,6 +12,7 @@ import pytest
 from backends.sim.engine import QueueFull, SimEngine
 from backends.sim.tokens import count_tokens
 from tests.backends.conftest import SMALL, RunningSim, StartSim, profile
+from tests.support import value_when
 
 MESSAGES = [{"role": "user", "content": "Count the tokens, please."}]
 
@@ -69,11 +70,13 @@ async def _stream_all(client: openai.AsyncOpenAI) -> int:
 
 
 async def _until(sim: RunningSim, metric: str, value: float) -> None:
-    for _ in range(500):
-        if await sim.metric(metric) == value:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{metric} never reached {value}")
+    await value_when(
+        lambda: sim.metric(metric),
+        lambda got: got == value,
+        5.0,
+        what=f"{metric} never reached {value}",
+        every_s=0.01,
+    )
 
 
 async def test_batching_caps_running_and_queues_the_rest(start_sim: StartSim) -> None:

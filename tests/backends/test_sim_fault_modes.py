@@ -16,6 +16,7 @@ from backends.errors import (
     BackendConnectError,
     BackendError,
     BackendProtocolError,
+    BackendRejected,
     BackendStreamCut,
     BackendTimeout,
     BackendUnavailable,
@@ -173,3 +174,25 @@ async def test_content_filter_refusal_in_the_openai_flavour(start_sim: StartSim)
         )
         reasons = [c.finish_reason async for chunk in stream for c in chunk.choices]
     assert reasons[-1] == "content_filter"
+
+
+async def test_refuses_prefill_rejects_only_a_continued_assistant_message(
+    start_sim: StartSim,
+) -> None:
+    sim = await start_sim()
+    await sim.set_faults(refuses_prefill=True)
+    continued = ChatRequest(
+        model=SMALL,
+        body={
+            "messages": [*MESSAGES, {"role": "assistant", "content": "Fallbacks are"}],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "max_tokens": 20,
+        },
+        request_id="r2",
+    )
+    async with backend(sim) as b:
+        with pytest.raises(BackendRejected) as info:
+            await b.chat(continued)
+        assert "prefill" in info.value.message and info.value.status == 400
+        assert (await b.chat(request())).usage is not None  # a fresh request is answered

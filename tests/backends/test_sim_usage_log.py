@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import openai
@@ -112,3 +113,36 @@ async def test_fault_errors_are_logged(start_sim: StartSim, tmp_path: Path) -> N
         True,
         "rate_limit",
     )
+
+
+async def test_a_malformed_answer_is_logged_as_cut(start_sim: StartSim, tmp_path: Path) -> None:
+    """A non-streamed answer cut to a body that is not JSON was logged as complete (``stop``,
+    no fault) though no client could read it: reconciling a gateway's rows against the log
+    counted each such call as served twice (the chaos bench's ``double_run``)."""
+    log = tmp_path / "usage.jsonl"
+    sim = await start_sim(usage_log=log)
+    await sim.set_faults(malformed_after_tokens=5)
+    resp = await sim.post_chat({"messages": MESSAGES}, **{"x-request-id": "r-bad"})
+    assert resp.status == 200
+    (line,) = [orjson.loads(raw) for raw in log.read_bytes().splitlines()]
+    assert (line["finish_reason"], line["fault"]) == ("abort", "malformed_after_tokens")
+
+
+async def test_a_non_streamed_answer_whose_client_left_is_aborted(
+    start_sim: StartSim, tmp_path: Path
+) -> None:
+    """vLLM aborts a non-streamed request whose client disconnects; the simulator logged it
+    as served in full, so a worker killed mid-call looked like a backend that served twice."""
+    log = tmp_path / "usage.jsonl"
+    sim = await start_sim(usage_log=log)
+    await sim.set_faults(slow_first_token_ms=1500)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(
+            sim.post_chat({"messages": MESSAGES}, **{"x-request-id": "r-gone"}), 0.3
+        )
+    for _ in range(50):
+        if log.exists() and log.read_bytes():
+            break
+        await asyncio.sleep(0.1)
+    (line,) = [orjson.loads(raw) for raw in log.read_bytes().splitlines()]
+    assert (line["request_id"], line["finish_reason"]) == ("r-gone", "abort")

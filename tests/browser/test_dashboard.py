@@ -8,11 +8,13 @@ prefix, SQLite in tmp); Chromium loads the page with ``--dump-dom`` and the rend
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import html
+import os
 import re
 import shutil
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -20,6 +22,7 @@ import pytest
 import uvicorn
 import yaml
 
+from gateway.accounting.schema import gpu_trueup
 from gateway.app import create_app
 from gateway.services import Services
 from tests.gateway.accounting.apps import EXAMPLE, app_settings, auth, running_app
@@ -27,6 +30,8 @@ from tests.gateway.accounting.factories import T0, make_entry
 from tests.support import free_port
 
 pytestmark = pytest.mark.slow
+SHOTS = {"dir": os.environ.get("TIERGATE_DASHBOARD_SHOTS", "")}
+"""Where to copy the screenshots to look at them (unset: they stay in the test's tmp folder)."""
 
 CHROMIUM_FLAGS = (
     "--headless",
@@ -56,8 +61,21 @@ ROWS = [
         cost_micro_usd=7_000_000,
         baseline_micro_usd=9_000_000,
     ),
+    make_entry(  # a trial's request, three days later (a day with none between): $0.000042
+        "d4",
+        created_at=T0 + timedelta(days=3),
+        app="trial",
+        cost_micro_usd=0,
+        cost_nano_usd=42_000,
+        baseline_micro_usd=0,
+        baseline_nano_usd=120_000,
+    ),
 ]
-DAYS = f"from={T0.date()}&to={(T0 + timedelta(days=1)).date()}"
+DAYS = f"from={T0.date()}&to={(T0 + timedelta(days=3)).date()}"
+TRUEUP = [  # the 8B pool's recorded cost on the first day, by token share
+    ("acme", 120, 30, 1_500_000),
+    ("globex", 120, 30, 1_500_000),
+]
 
 
 def chromium() -> str:
@@ -77,6 +95,28 @@ async def served(
     settings = app_settings(redis_url, key_prefix, tmp_path, tenants=data["tenants"])
     async with running_app(settings) as (services, client):
         await services.ledger.record_many(ROWS)
+        async with services.ledger.engine.begin() as conn:
+            await conn.execute(
+                gpu_trueup.insert(),
+                [
+                    {
+                        "day": T0.date(),
+                        "deployment": "llama-3.1-8b-instruct",
+                        "tenant": tenant,
+                        "tokens": tokens,
+                        "booked_micro_usd": booked,
+                        "allocated_micro_usd": allocated,
+                        "pool_paid_micro_usd": 3_000_000,
+                        "paid_hours": 2.5,
+                        "rolled_up_at": T0,
+                    }
+                    for tenant, tokens, booked, allocated in TRUEUP
+                ],
+            )
+        assert services.budgets is not None
+        now = datetime.now(UTC)
+        for entry in ROWS:  # this month's budget window holds the same spend
+            await services.budgets.settle(dataclasses.replace(entry, created_at=now))
         app = create_app(services=services)
         app.state.services = services
         port = free_port()
@@ -94,6 +134,42 @@ async def served(
         finally:
             server.should_exit = True
             await task
+
+
+async def screenshot(url: str, tmp_path: Path, name: str) -> Path:
+    """A full-page PNG of the dashboard (1280 px wide), for the test and for people to read."""
+    path = tmp_path / f"{name}.png"
+    flags = [f for f in CHROMIUM_FLAGS if f != "--dump-dom"]
+    proc = await asyncio.create_subprocess_exec(
+        chromium(),
+        *flags,
+        "--hide-scrollbars",
+        "--window-size=1280,3200",
+        f"--screenshot={path}",
+        f"--user-data-dir={tmp_path / ('chromium-' + name)}",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _out, err = await asyncio.wait_for(proc.communicate(), timeout=90)
+    assert proc.returncode == 0 and path.exists(), err.decode(errors="replace")[-2000:]
+    if SHOTS.get("dir"):
+        shutil.copy(path, Path(SHOTS["dir"]) / path.name)
+    return path
+
+
+def colored(path: Path, rgb: tuple[int, int, int]) -> int:
+    """How many pixels of the screenshot are (nearly) ``rgb``."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        data = image.convert("RGB").tobytes()
+    r, g, b = rgb
+    return sum(
+        1
+        for i in range(0, len(data), 3)
+        if abs(data[i] - r) <= 8 and abs(data[i + 1] - g) <= 8 and abs(data[i + 2] - b) <= 8
+    )
 
 
 async def dump(url: str, tmp_path: Path) -> str:
@@ -129,7 +205,7 @@ async def test_finance_sees_every_tenant_and_numbers_match_the_api(
         await client.get(f"/v1/reports/costs?{DAYS}&group_by=day", headers=auth("finance"))
     ).json()
     totals = api["totals"]
-    assert value(dom, "total-cost") == totals["cost_usd"] == "10.750000"
+    assert value(dom, "total-cost") == totals["cost_usd"] == "10.750042"
     assert value(dom, "total-baseline") == totals["baseline_usd"]
     assert value(dom, "total-savings") == totals["savings_usd"]
     assert value(dom, "total-requests") == str(totals["requests"])
@@ -149,6 +225,45 @@ async def test_finance_sees_every_tenant_and_numbers_match_the_api(
     # What-if and budgets rendered.
     assert 'data-label="as routed"' in dom
     assert "acme · monthly" in dom
+    # The per-tenant table: cost as the API says, share of requests on large deployments.
+    by_tenant = (
+        await client.get(f"/v1/reports/costs?{DAYS}&group_by=tenant", headers=auth("finance"))
+    ).json()
+    for row in by_tenant["rows"]:
+        tr = re.search(rf'<tr data-tenant-row="{row["tenant"]}"[^>]*>', dom)
+        assert tr, row["tenant"]
+        assert f'data-cost="{row["cost_usd"]}"' in tr.group(0)
+    acme = re.search(r'<tr data-tenant-row="acme"[^>]*data-share-large="([^"]+)"', dom)
+    assert acme and float(acme.group(1)) == pytest.approx(1 / 3)  # d2 of d1, d2, d4
+    # The GPU true-up has its own figure: 2 x (1.50 - 0.00003).
+    assert value(dom, "total-trueup") == api["gpu_trueup"]["trueup_usd"] == "2.999940"
+    # Sub-cent amounts are readable: the trial app's $0.000042, not $0.00.
+    assert "$0.000042 · 1" in dom
+    # Dates on the axis, placed by date: the day with no request (03-03) is a gap.
+    assert ">03-01<" in dom and ">03-04<" in dom
+    assert 'data-day="2025-03-03"' not in dom
+    # The budget bar is its spend against its own limit: acme spent $3.750042 of $100.
+    ratio = re.search(r'data-label="acme · monthly"[^>]*data-ratio="([^"]+)"', dom)
+    assert ratio and float(ratio.group(1)) == pytest.approx(3.750042 / 100, rel=1e-3)
+    assert 'class="limit"' in dom
+    shot = await screenshot(f"{base}/dashboard#key=dev-finance&{DAYS}", tmp_path, "finance")
+    assert colored(shot, (0x4E, 0x79, 0xA7)) > 2000  # the spend bars and the legend are drawn
+    assert colored(shot, (0x59, 0xA1, 0x4F)) > 50  # the budget's bar, against its limit
+
+
+@pytest.mark.timeout(240)
+async def test_a_single_day_is_drawn(
+    served: tuple[str, Services, httpx.AsyncClient], tmp_path: Path
+) -> None:
+    base, _services, _client = served
+    one = f"from={T0.date()}&to={T0.date()}"
+    dom = await dump(f"{base}/dashboard#key=dev-finance&{one}", tmp_path)
+    assert 'data-loaded="true"' in dom
+    assert re.search(r'<circle[^>]*data-day="2025-03-01"[^>]*data-series="cost"', dom)
+    assert re.search(r'<rect[^>]*data-day="2025-03-01"', dom)
+    assert ">03-01<" in dom
+    shot = await screenshot(f"{base}/dashboard#key=dev-finance&{one}", tmp_path, "one-day")
+    assert colored(shot, (0x4E, 0x79, 0xA7)) > 2000
 
 
 @pytest.mark.timeout(240)
@@ -159,9 +274,13 @@ async def test_tenant_sees_only_itself(
     dom = await dump(f"{base}/dashboard#key=dev-acme&{DAYS}&tenant=globex", tmp_path)
     assert 'data-loaded="true"' in dom
     api = (await client.get(f"/v1/reports/costs?{DAYS}&group_by=day", headers=auth("acme"))).json()
-    assert value(dom, "total-cost") == api["totals"]["cost_usd"] == "3.750000"
+    assert value(dom, "total-cost") == api["totals"]["cost_usd"] == "3.750042"
     assert "tenant acme" in dom
     assert "globex" not in dom.replace('value="globex"', "")
+    # A tenant's key has no tenant filter to show.
+    assert re.search(r'<label id="tenant-label"[^>]*hidden', dom)
+    shot = await screenshot(f"{base}/dashboard#key=dev-acme&{DAYS}", tmp_path, "tenant")
+    assert colored(shot, (0x4E, 0x79, 0xA7)) > 1000
 
 
 @pytest.mark.timeout(240)

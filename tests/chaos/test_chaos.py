@@ -26,7 +26,9 @@ def _bench():  # type: ignore[no-untyped-def]
 @pytest.mark.timeout(300)
 async def test_chaos_loses_nothing_and_bills_nothing_twice() -> None:
     bench = _bench()
-    args = argparse.Namespace(chaos_s=30.0, after_s=10.0, concurrency=6, seed=7)
+    args = argparse.Namespace(
+        chaos_s=30.0, after_s=10.0, concurrency=6, seed=7, workers=0, requests=0, workdir=None
+    )
     report = await bench.main_async(args)
     assert report["lost"] == 0, report
     assert report["double_billed"] == 0, report

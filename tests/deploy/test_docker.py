@@ -68,6 +68,7 @@ def test_redis_persists_and_postgres_keeps_its_data() -> None:
     services = _compose()["services"]
     command = services["redis"]["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] == "everysec"
     assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
     assert any("/var/lib/postgresql/data" in v for v in services["postgres"]["volumes"])
 
@@ -105,3 +106,27 @@ def test_runtime_lock_agrees_with_the_project_lock() -> None:
     for requirement in project["dependencies"]:
         name = re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0].lower()
         assert name in runtime, f"{name} missing: regenerate deploy/docker/requirements.lock"
+
+
+def test_the_base_image_is_pinned_by_digest() -> None:
+    text = (DOCKER / "Dockerfile").read_text(encoding="utf-8")
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert base and re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", base[1])
+    assert re.findall(r"^FROM (\S+)", text, re.M) == ["${PYTHON_IMAGE}"] * 2
+
+
+TRAINING = {"scikit-learn", "scipy", "numpy", "skops", "threadpoolctl", "joblib"}
+
+
+def test_the_runtime_image_has_no_training_libraries() -> None:
+    """The serving path imports none of them (tests/gateway/test_serving_imports.py); they are
+    the ``train`` extra, in the project lock and not in the image's."""
+    assert not TRAINING & set(_pins(DOCKER / "requirements.lock"))
+    assert set(_pins(ROOT / "requirements.lock")) >= TRAINING
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower() for r in project["dependencies"]}
+    assert not TRAINING & names
+    assert {"scikit-learn", "skops"} <= {
+        re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower()
+        for r in project["optional-dependencies"]["train"]
+    }

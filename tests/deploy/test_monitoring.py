@@ -81,6 +81,7 @@ def test_the_alerts_the_issue_asks_for() -> None:
         "TiergateQueueWaitHigh": "tiergate:queue_wait_seconds:p99_5m",
         "TiergateBreakerOpen": "tiergate_breaker_state",
         "TiergateBudgetBurn": "tiergate_budget_spent_ratio",
+        "TiergateBudgetThresholdReached": "tiergate_budget_alert",  # the budgets' alert_at
         "TiergateSpendSpike": "tiergate:cost_usd:rate1h",
         "TiergateUnpricedTraffic": "tiergate_unknown_price_requests_total",
         "TiergateErrorRateHigh": "tiergate:server_error_ratio:rate5m",
@@ -115,3 +116,10 @@ def test_podmonitors_parse_and_select_the_pods_of_deploy_k8s() -> None:
     selectors = [m["spec"]["selector"]["matchLabels"] for m in _podmonitors()]
     assert {"app.kubernetes.io/name": "tiergate"} in selectors
     assert {"app.kubernetes.io/name": "vllm"} in selectors
+
+
+def test_kube_prometheus_stack_selects_every_monitoring_object() -> None:
+    """Its Prometheus picks PodMonitors and PrometheusRules by the label ``release: <Helm
+    release>`` (podMonitorSelector / ruleSelector); without it nothing is scraped or evaluated."""
+    for obj in [*_podmonitors(), rules()]:
+        assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack", obj["metadata"]

@@ -9,31 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
-import redis
-import yaml
 
 from gateway.accounting import SqlLedger, cost_report
 from gateway.accounting.records import to_micro
 from gateway.accounting.rollups import rollup_day
 from gateway.accounting.verify import verify_ledger
-from tests.support import (
-    TEST_KEYS,
-    Proc,
-    free_port,
-    gateway_config,
-    start_gateway,
-    start_sims,
-    wait_ready,
-)
+from tests.support import TEST_KEYS, Stack
 
 pytestmark = pytest.mark.slow
 
@@ -48,50 +37,17 @@ REQUESTS = 2400
 CONCURRENCY = 24
 
 
-@dataclass
-class Stack:
-    base_url: str
-    database_url: str
-    usage_logs: dict[str, Path]
-    sim_urls: dict[str, str]
-    config: Path
+def with_prices(config: dict[str, Any]) -> None:
+    for dep in config["deployments"]:
+        i, o = PER_MTOK[dep["model"]]
+        dep["price"] = {"input_per_mtok": str(i), "output_per_mtok": str(o)}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("reconcile")
-    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
-    procs: list[Proc] = []
-    try:
-        ports, usage = start_sims(PROFILES, workdir, procs)
-        port = free_port()
-        database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
-        config = gateway_config(
-            workdir=workdir, redis_url=redis_url, prefix=prefix, database_url=database_url,
-            sim_ports=ports, port=port, admin_port=free_port(),
-        )  # fmt: skip
-        data = yaml.safe_load(config.read_text())
-        for dep in data["deployments"]:
-            i, o = PER_MTOK[dep["model"]]
-            dep["price"] = {"input_per_mtok": str(i), "output_per_mtok": str(o)}
-        config.write_text(yaml.safe_dump(data))
-        gateway = start_gateway(config, workdir)
-        procs.append(gateway)
-        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
-        yield Stack(
-            f"http://127.0.0.1:{port}",
-            database_url,
-            usage,
-            {p: f"http://127.0.0.1:{q}" for p, q in ports.items()},
-            config,
-        )
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
-        client.close()
+    with Stack.run(workdir, redis_url, PROFILES, edit=with_prices) as running:
+        yield running
 
 
 def _model(i: int, tenant: str) -> str:
@@ -141,7 +97,7 @@ def _expected_micro(usage_logs: dict[str, Path]) -> tuple[Decimal, dict[str, int
 async def test_report_equals_usage_logs_to_the_cent(stack: Stack) -> None:
     async with httpx.AsyncClient() as admin:  # a fifth of the 70B's calls fail: fall back
         r = await admin.post(
-            f"{stack.sim_urls['llama-3.1-70b-instruct-awq']}/admin/faults",
+            f"{stack.sim_url('llama-3.1-70b-instruct-awq')}/admin/faults",
             json={"error_status": 503, "error_rate": 0.2},
         )
         assert r.status_code == 200, r.text

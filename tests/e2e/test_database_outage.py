@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.ledger import wait_entry
 from tests.gateway.accounting.conftest import pg_url
 from tests.support import (
     TEST_KEYS,
@@ -26,6 +25,7 @@ from tests.support import (
     start_sim,
     wait_ready,
 )
+from tests.support.ledger import wait_entry
 
 __all__ = ["pg_url"]
 

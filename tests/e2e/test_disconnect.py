@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from tests.support import (
     Proc,
     free_port,
     gateway_config,
+    new_prefix,
     start_gateway,
     start_sim,
     wait_ready,
@@ -50,7 +50,7 @@ def slow_stack(
     sim, usage = start_sim(SMALL, sim_port, workdir, time_scale=1.0)  # ~12 ms a token
     database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
     config = gateway_config(
-        workdir=workdir, redis_url=redis_url, prefix=f"tgtest-{uuid.uuid4().hex[:10]}",
+        workdir=workdir, redis_url=redis_url, prefix=new_prefix(),
         database_url=database_url, sim_ports={SMALL: sim_port}, port=port,
         admin_port=admin_port,
     )  # fmt: skip

@@ -9,8 +9,8 @@ import openai
 import pytest
 
 from gateway.api.error_docs import ErrorResponse
-from tests.e2e.conftest import Stack
-from tests.e2e.ledger import wait_entry
+from tests.support import Stack
+from tests.support.ledger import wait_entry
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -58,7 +58,7 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
             "invalid_request",
         ),
         ({"model": "auto", "messages": HELLO, "temperature": "hot"}, None, 400, "invalid_request"),
-        ({"model": "auto", "messages": HELLO, "n": 2}, None, 400, "invalid_request"),
+        ({"model": "auto", "messages": HELLO, "n": 9}, None, 400, "invalid_request"),
         ({"model": "auto", "messages": HELLO, "max_tokens": 10**9}, None, 400, "invalid_request"),
         ({"model": "auto", "messages": HELLO * 600}, None, 400, "invalid_request"),
         ({"model": "gpt-9-ultra", "messages": HELLO}, None, 404, "model_not_found"),

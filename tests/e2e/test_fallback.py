@@ -10,11 +10,9 @@ import asyncio
 import json
 import time
 import urllib.request
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,16 +25,8 @@ from gateway.accounting.prices import load_litellm_cost_map
 from gateway.accounting.records import Attempt, LedgerEntry
 from gateway.queue.keys import LANES, RedisKeys
 from router.features import estimate_tokens
-from tests.e2e.ledger import wait_entry
-from tests.support import (
-    TEST_KEYS,
-    Proc,
-    free_port,
-    gateway_config,
-    start_gateway,
-    start_sim,
-    wait_ready,
-)
+from tests.support import TEST_KEYS, Stack, start_sim, until
+from tests.support.ledger import wait_entry
 
 SMALL, LARGE, EXTERNAL = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq", "gpt-4o-mini"
 PROFILES = (SMALL, LARGE, EXTERNAL)
@@ -52,27 +42,8 @@ FALLBACK = {
 PROMPT = "Explain how a circuit breaker protects a distributed system, in detail."
 
 
-@dataclass
-class FaultStack:
-    base_url: str
-    admin_url: str
-    database_url: str
-    sim_ports: dict[str, int]
-    sims: dict[str, Proc]
-    usage_logs: dict[str, Path]
-    workdir: Path
-    prefix: str
-    redis_url: str
-
-    def faults(self, profile: str, **faults: Any) -> None:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.sim_ports[profile]}/admin/faults",
-            data=json.dumps(faults).encode(),
-            method="POST" if faults else "DELETE",
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
+class FaultStack(Stack):
+    """The stack with this module's fault, usage and cost helpers."""
 
     def restart(self, profile: str) -> None:
         self.sims[profile].stop()
@@ -89,11 +60,13 @@ class FaultStack:
     async def logged(self, profile: str, request_id: str) -> list[dict[str, Any]]:
         """``usage`` once there is a line: a stalled or cut answer is logged when the simulator
         sees its client go, a moment after the gateway gave up."""
-        deadline = time.monotonic() + 5
-        while not (lines := self.usage(profile, request_id)):
-            assert time.monotonic() < deadline, f"{profile} logged nothing for {request_id}"
-            await asyncio.sleep(0.05)
-        return lines
+        await until(
+            lambda: self.usage(profile, request_id),
+            5,
+            what=f"{profile} logged nothing for {request_id}",
+            every_s=0.05,
+        )
+        return self.usage(profile, request_id)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=5) as response:
@@ -152,48 +125,8 @@ class FaultStack:
 @pytest.fixture(scope="module")
 def fstack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[FaultStack]:
     workdir = tmp_path_factory.mktemp("faults")
-    ports = {profile: free_port() for profile in PROFILES}
-    sims: dict[str, Proc] = {}
-    usage: dict[str, Path] = {}
-    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
-    gateway: Proc | None = None
-    try:
-        for profile, port in ports.items():
-            sims[profile], usage[profile] = start_sim(profile, port, workdir)
-        port, admin_port = free_port(), free_port()
-        database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
-        config = gateway_config(
-            workdir=workdir,
-            redis_url=redis_url,
-            prefix=prefix,
-            database_url=database_url,
-            sim_ports=ports,
-            port=port,
-            admin_port=admin_port,
-            fallback=FALLBACK,
-        )
-        gateway = start_gateway(config, workdir)
-        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
-        yield FaultStack(
-            base_url=f"http://127.0.0.1:{port}",
-            admin_url=f"http://127.0.0.1:{admin_port}",
-            database_url=database_url,
-            sim_ports=ports,
-            sims=sims,
-            usage_logs=usage,
-            workdir=workdir,
-            prefix=prefix,
-            redis_url=redis_url,
-        )
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        for proc in sims.values():
-            proc.stop()
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
-        client.close()
+    with FaultStack.run(workdir, redis_url, PROFILES, fallback=FALLBACK) as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)
@@ -821,13 +754,6 @@ async def test_failing_health_drains_the_deployment_until_it_recovers(fstack: Fa
         await asyncio.sleep(0.5)
 
 
-async def until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.parametrize(
     ("preemption", "failed", "within_s"),
     [
@@ -868,7 +794,7 @@ async def test_preemption_with_work_in_flight_and_queued_loses_nothing(
             await until(
                 lambda: fstack.queue("small") == (slots, queued),
                 3.0,
-                f"{slots} calls in flight and {queued} queued, got {fstack.queue('small')}",
+                what=f"{slots} calls in flight and {queued} queued, got {fstack.queue('small')}",
             )
             fstack.faults(SMALL, **preemption)
             preempted = time.monotonic()
@@ -895,7 +821,7 @@ async def test_preemption_with_work_in_flight_and_queued_loses_nothing(
             served["completion_tokens"],
         )  # booked once: the answer served, not a token more
     assert in_flight >= slots  # every held call failed and was retried elsewhere
-    await until(lambda: breaker_state(fstack, SMALL) == 2, 3.0, "the breaker opened")
+    await until(lambda: breaker_state(fstack, SMALL) == 2, 3.0, what="the breaker opened")
     for _ in range(3):  # the drain holds: new work never reaches the preempted deployment
         answer = await ask(fstack, "small", stream=False)
         assert answer.model == LARGE

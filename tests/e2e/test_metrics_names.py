@@ -12,26 +12,15 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import Any
 
 import openai
 import pytest
-import redis
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.promql import used_metrics
-from tests.support import (
-    TEST_KEYS,
-    Proc,
-    free_port,
-    gateway_config,
-    start_gateway,
-    start_sim,
-    wait_ready,
-)
+from tests.support import TEST_KEYS, Stack
 
 # Its own stack of four processes takes 30-60 s to start on a loaded machine: CI's slow suite.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -40,69 +29,21 @@ PROFILES = ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq", "gpt-4o-mini"
 SECRET_PROMPT = "zebra-kumquat-7731 what is two plus two"
 
 
-@dataclass
-class MetricsStack:
-    base_url: str
-    admin_url: str
-    sim_urls: dict[str, str]
-    gateway: Proc
+def unpriced_70b_soft_budget(config: dict[str, Any]) -> None:
+    for dep in config["deployments"]:
+        if dep["model"] == "llama-3.1-70b-instruct-awq":
+            dep.pop("price", None)  # unpriced: booked as unknown, never as zero
+    # a soft budget (never refuses): its spent-ratio gauge is what the budget alerts read
+    config["tenants"]["acme"]["budgets"] = [
+        {"name": "monthly", "limit_usd": "1000", "window": "month", "mode": "soft"}
+    ]
 
 
 @pytest.fixture(scope="module")
-def metrics_stack(
-    tmp_path_factory: pytest.TempPathFactory, redis_url: str
-) -> Iterator[MetricsStack]:
+def metrics_stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("metrics")
-    ports = {profile: free_port() for profile in PROFILES}
-    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
-    procs: list[Proc] = []
-    try:
-        for profile, port in ports.items():
-            procs.append(start_sim(profile, port, workdir)[0])
-        port, admin_port = free_port(), free_port()
-        config_path = gateway_config(
-            workdir=workdir,
-            redis_url=redis_url,
-            prefix=prefix,
-            database_url=f"sqlite+aiosqlite:///{workdir / 'ledger.db'}",
-            sim_ports=ports,
-            port=port,
-            admin_port=admin_port,
-        )
-        config = yaml.safe_load(config_path.read_text())
-        for dep in config["deployments"]:
-            if dep["model"] == "llama-3.1-70b-instruct-awq":
-                dep.pop("price", None)  # unpriced: booked as unknown, never as zero
-        # a soft budget (never refuses): its spent-ratio gauge is what the budget alerts read
-        config["tenants"]["acme"]["budgets"] = [
-            {"name": "monthly", "limit_usd": "1000", "window": "month", "mode": "soft"}
-        ]
-        config_path.write_text(yaml.safe_dump(config))
-        gateway = start_gateway(config_path, workdir)
-        procs.append(gateway)
-        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
-        yield MetricsStack(
-            base_url=f"http://127.0.0.1:{port}",
-            admin_url=f"http://127.0.0.1:{admin_port}",
-            sim_urls={p: f"http://127.0.0.1:{n}" for p, n in ports.items()},
-            gateway=gateway,
-        )
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
-        client.close()
-
-
-def _post(url: str, body: object | None, method: str = "POST") -> None:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"content-type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        response.read()
+    with Stack.run(workdir, redis_url, PROFILES, edit=unpriced_70b_soft_budget) as running:
+        yield running
 
 
 def _samples(url: str) -> set[str]:
@@ -111,7 +52,7 @@ def _samples(url: str) -> set[str]:
     return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def _burst(stack: MetricsStack) -> list[str]:
+def _burst(stack: Stack) -> list[str]:
     client = openai.OpenAI(
         base_url=f"{stack.base_url}/v1", api_key=TEST_KEYS["TIERGATE_KEY_ACME"], max_retries=0
     )
@@ -126,23 +67,22 @@ def _burst(stack: MetricsStack) -> list[str]:
             for _chunk in stream:
                 pass
     # the 8B simulator fails for a while: small requests fall back, its breaker opens
-    sim_8b = stack.sim_urls["llama-3.1-8b-instruct"]
-    _post(f"{sim_8b}/admin/faults", {"error_status": 503})
+    stack.faults("llama-3.1-8b-instruct", error_status=503)
     try:
         for _ in range(6):
             client.chat.completions.create(model="small", messages=messages)
     finally:
-        _post(f"{sim_8b}/admin/faults", None, method="DELETE")
+        stack.faults("llama-3.1-8b-instruct")
     return ids
 
 
 @pytest.fixture(scope="module")
-def burst(metrics_stack: MetricsStack) -> list[str]:
+def burst(metrics_stack: Stack) -> list[str]:
     return _burst(metrics_stack)
 
 
 def test_every_tiergate_metric_of_alerts_and_dashboard_is_exported(
-    metrics_stack: MetricsStack, burst: list[str]
+    metrics_stack: Stack, burst: list[str]
 ) -> None:
     wanted = {n for n in used_metrics() if n.startswith("tiergate_")}
     assert len(wanted) >= 12
@@ -151,17 +91,17 @@ def test_every_tiergate_metric_of_alerts_and_dashboard_is_exported(
 
 
 def test_every_vllm_metric_of_alerts_and_dashboard_is_on_a_simulator(
-    metrics_stack: MetricsStack, burst: list[str]
+    metrics_stack: Stack, burst: list[str]
 ) -> None:
     wanted = {n for n in used_metrics() if n.startswith("vllm:")}
     assert wanted
     for profile in ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq"):
-        exported = _samples(metrics_stack.sim_urls[profile])
+        exported = _samples(metrics_stack.sim_url(profile))
         assert sorted(wanted - exported) == [], profile
 
 
 def test_the_burst_moved_the_counters_the_alerts_watch(
-    metrics_stack: MetricsStack, burst: list[str]
+    metrics_stack: Stack, burst: list[str]
 ) -> None:
     with urllib.request.urlopen(f"{metrics_stack.admin_url}/metrics", timeout=10) as response:
         text = response.read().decode()
@@ -176,7 +116,7 @@ def test_the_burst_moved_the_counters_the_alerts_watch(
 
 
 def test_access_log_is_json_with_request_ids_and_no_prompt_text(
-    metrics_stack: MetricsStack, burst: list[str]
+    metrics_stack: Stack, burst: list[str]
 ) -> None:
     deadline = time.monotonic() + 10  # lines are written by the gateway's log thread
     while True:

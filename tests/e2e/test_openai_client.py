@@ -9,8 +9,8 @@ from decimal import Decimal
 import openai
 import pytest
 
-from tests.e2e.conftest import Stack
-from tests.e2e.ledger import wait_entry
+from tests.support import Stack
+from tests.support.ledger import wait_entry
 
 
 def client(stack: Stack, tenant: str = "acme") -> openai.AsyncOpenAI:

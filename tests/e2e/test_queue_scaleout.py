@@ -7,9 +7,7 @@ are reclaimed after their entries go idle (15 s)."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,41 +15,28 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.ledger import wait_entry
 from tests.support import (
     TEST_KEYS,
     Proc,
+    drop_prefix,
     free_port,
     gateway_config,
+    new_prefix,
+    own_config,
     start_gateway,
     start_sim,
+    start_worker,
     wait_ready,
 )
+from tests.support.ledger import wait_entry
 
 SMALL = "llama-3.1-8b-instruct"
 CAPACITY = 4
 REQUESTS = 48
 GLOBEX_RPM = 10
-
-
-def _own_config(config: Path, workdir: Path, name: str, **server: int) -> Path:
-    own = workdir / name
-    own.mkdir()
-    data = yaml.safe_load(config.read_text())
-    data["server"] = {**data["server"], **server}
-    path = own / "config.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def _worker(config: Path, workdir: Path, name: str) -> Proc:
-    path = _own_config(config, workdir, name, admin_port=free_port())
-    args = [sys.executable, "-m", "gateway.cli", "worker", "--config", str(path)]
-    return Proc(args, workdir / f"{name}.log", TEST_KEYS)
 
 
 def _running(metrics_url: str) -> float:
@@ -64,7 +49,7 @@ def _running(metrics_url: str) -> float:
 
 @pytest.fixture
 def cluster(tmp_path: Path, redis_url: str) -> Iterator[dict[str, object]]:
-    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
+    prefix = new_prefix()
     sim_port = free_port()
     sim, _ = start_sim(SMALL, sim_port, tmp_path, time_scale=1.0)
     database_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
@@ -80,9 +65,11 @@ def cluster(tmp_path: Path, redis_url: str) -> Iterator[dict[str, object]]:
     procs: list[Proc] = []
     try:
         for i, port in enumerate(ports):
-            own = _own_config(config, tmp_path, f"edge-{i}", port=port, admin_port=free_port())
+            own = own_config(
+                config, tmp_path, f"edge-{i}", server={"port": port, "admin_port": free_port()}
+            )
             procs.append(start_gateway(own, tmp_path, "--no-workers", name=f"edge-{i}"))
-        workers = [_worker(config, tmp_path, f"worker-{i}") for i in range(2)]
+        workers = [start_worker(config, tmp_path, f"worker-{i}") for i in range(2)]
         procs.extend(workers)
         for i, port in enumerate(ports):
             wait_ready(procs[i], f"http://127.0.0.1:{port}/readyz")
@@ -98,10 +85,7 @@ def cluster(tmp_path: Path, redis_url: str) -> Iterator[dict[str, object]]:
         for proc in procs:
             proc.stop()
         sim.stop()
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
-        client.close()
+        drop_prefix(redis_url, prefix)
 
 
 @pytest.mark.slow

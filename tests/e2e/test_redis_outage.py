@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.ledger import wait_entry
 from tests.support import TEST_KEYS, RedisServer, stack_with_own_redis
+from tests.support.ledger import wait_entry
 
 SMALL = "llama-3.1-8b-instruct"
 BODY = {"model": "small", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}

@@ -21,29 +21,17 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import redis
-import yaml
 
 from router.rules import DEFAULT_LARGE_WAIT_TARGET_S
-from tests.e2e.ledger import wait_entry
-from tests.support import (
-    TEST_KEYS,
-    Proc,
-    free_port,
-    gateway_config,
-    start_gateway,
-    start_sims,
-    wait_ready,
-)
+from tests.support import TEST_KEYS, Stack
+from tests.support.ledger import wait_entry
 
 PROFILES = ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq", "gpt-4o-mini")
 SMALL, LARGE, EXTERNAL = PROFILES
@@ -75,43 +63,20 @@ HARD = (  # the classifier scores it 0.58: over acme's threshold (0.32) and glob
 )
 
 
-@dataclass
-class Stack:
-    base_url: str
-    database_url: str
-    usage_logs: dict[str, Path]
+def one_at_a_time(config: dict[str, Any]) -> None:
+    for dep in config["deployments"]:
+        if dep["model"] == LARGE:
+            dep["replicas"][0]["max_num_seqs"] = 1  # one request at a time: a long queue
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("spill")
-    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
-    procs: list[Proc] = []
-    try:
-        fixed = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
-        ports, usage = start_sims(PROFILES, workdir, procs, extra_args={LARGE: fixed})
-        port = free_port()
-        database_url = f"sqlite+aiosqlite:///{workdir / 'ledger.db'}"
-        config = gateway_config(
-            workdir=workdir, redis_url=redis_url, prefix=prefix, database_url=database_url,
-            sim_ports=ports, port=port, admin_port=free_port(),
-        )  # fmt: skip
-        data = yaml.safe_load(config.read_text())
-        for dep in data["deployments"]:
-            if dep["model"] == LARGE:
-                dep["replicas"][0]["max_num_seqs"] = 1  # one request at a time: a long queue
-        config.write_text(yaml.safe_dump(data))
-        gateway = start_gateway(config, workdir)
-        procs.append(gateway)
-        wait_ready(gateway, f"http://127.0.0.1:{port}/readyz")
-        yield Stack(f"http://127.0.0.1:{port}", database_url, usage)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
-        client.close()
+    fixed = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
+    with Stack.run(
+        tmp_path_factory.mktemp("spill"), redis_url, PROFILES, edit=one_at_a_time,
+        sim_args={LARGE: fixed},
+    ) as running:  # fmt: skip
+        yield running
 
 
 def _key(tenant: str) -> str:

@@ -17,9 +17,7 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +26,6 @@ from pathlib import Path
 import openai
 import pytest
 import redis
-import yaml
 from sqlalchemy import func, select
 
 from gateway.accounting import SqlLedger
@@ -39,10 +36,14 @@ from gateway.queue.keys import RedisKeys
 from tests.support import (
     TEST_KEYS,
     Proc,
+    drop_prefix,
     free_port,
     gateway_config,
+    new_prefix,
+    own_config,
     start_gateway,
     start_sims,
+    start_tiergate,
     wait_ready,
 )
 
@@ -71,22 +72,11 @@ class Cluster:
     sink: Proc
 
 
-def _own_config(config: Path, workdir: Path, name: str, **server: int) -> Path:
-    own = workdir / name
-    own.mkdir()
-    data = yaml.safe_load(config.read_text())
-    data["server"] = {**data["server"], **server}
-    path = own / "config.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def _process(command: str, config: Path, workdir: Path, name: str, *args: str) -> tuple[Proc, int]:
     """``tiergate <command>`` with its own admin port (returned)."""
     admin_port = free_port()
-    own = _own_config(config, workdir, name, admin_port=admin_port)
-    argv = [sys.executable, "-m", "gateway.cli", command, "--config", str(own), *args]
-    return Proc(argv, workdir / f"{name}.log", TEST_KEYS), admin_port
+    own = own_config(config, workdir, name, server={"admin_port": admin_port})
+    return start_tiergate(command, own, workdir, name, *args), admin_port
 
 
 def _start_sink(config: Path, workdir: Path, name: str) -> Proc:
@@ -98,7 +88,7 @@ def _start_sink(config: Path, workdir: Path, name: str) -> Proc:
 
 @pytest.fixture
 def cluster(tmp_path: Path, redis_url: str) -> Iterator[Cluster]:
-    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
+    prefix = new_prefix()
     procs: list[Proc] = []
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -112,7 +102,7 @@ def cluster(tmp_path: Path, redis_url: str) -> Iterator[Cluster]:
         procs.append(_process("worker", config, tmp_path, "worker", "--no-sink")[0])
         sink = _start_sink(config, tmp_path, "sink-1")
         procs.append(sink)
-        edge_config = _own_config(config, tmp_path, "edge", admin_port=free_port())
+        edge_config = own_config(config, tmp_path, "edge", server={"admin_port": free_port()})
         edge = start_gateway(edge_config, tmp_path, "--no-workers", name="edge")
         procs.append(edge)
         wait_ready(edge, f"http://127.0.0.1:{port}/readyz")  # needs the worker's heartbeat
@@ -123,8 +113,7 @@ def cluster(tmp_path: Path, redis_url: str) -> Iterator[Cluster]:
     finally:
         for proc in reversed(procs):
             proc.stop()
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
+        drop_prefix(redis_url, prefix)
         client.close()
 
 

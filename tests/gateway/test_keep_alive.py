@@ -8,7 +8,8 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+
+from starlette.types import Receive, Scope, Send
 
 from gateway.server import _uvicorn_config
 from gateway.settings import ServerSettings
@@ -17,7 +18,7 @@ from tests.support import free_port, uvicorn_in_thread
 _REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
-async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+async def _app(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
@@ -32,7 +33,7 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @contextmanager
 def _server(keep_alive_s: int) -> Iterator[int]:
     port = free_port()
-    with uvicorn_in_thread(_uvicorn_config(_app, "127.0.0.1", port, keep_alive_s=keep_alive_s)):  # type: ignore[arg-type]
+    with uvicorn_in_thread(_uvicorn_config(_app, "127.0.0.1", port, keep_alive_s=keep_alive_s)):
         yield port
 
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 from gateway.observability.logging import BackgroundStreamHandler, JsonFormatter
 
@@ -100,3 +103,30 @@ def test_flush_does_not_wait_for_the_linger() -> None:
         assert time.monotonic() - started < 5
     finally:
         handler.close()
+
+
+_LOGS_AT_EXIT = """
+import logging, sys
+from gateway.observability.logging import BackgroundStreamHandler
+log = logging.getLogger("late")
+log.addHandler(BackgroundStreamHandler(sys.stderr))
+class Late:
+    def __del__(self) -> None:
+        log.error("a line logged at exit")
+late = Late()
+late.cycle = late  # collected by the interpreter's last collection, after logging.shutdown
+del late
+"""
+
+
+def test_a_line_logged_while_the_interpreter_exits_is_written_and_exit_does_not_hang() -> None:
+    # ``tiergate serve`` with a port taken hung at exit in CI: a finalizer logged after
+    # ``logging.shutdown`` had closed the writer, and a thread started during finalization
+    # never starts (Python 3.11 waits for it forever).
+    result = subprocess.run(
+        [sys.executable, "-c", _LOGS_AT_EXIT],
+        capture_output=True, text=True, timeout=20, check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "a line logged at exit" in result.stderr

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from sqlalchemy import inspect
 
-from gateway.accounting.ledger import create_ledger_engine
 from gateway.auth.store import SqlAuthStore
 from gateway.rules.store import SqlRuleStore
+from gateway.sqlengine import create_sql_engine
 
 STARTERS = 6
 
@@ -39,7 +39,7 @@ def test_many_processes_create_the_same_sqlite_tables_together(tmp_path: Path) -
     assert [proc.exitcode for proc in procs] == [0] * STARTERS
 
     async def tables() -> set[str]:
-        engine = create_ledger_engine(url)
+        engine = create_sql_engine(url)
         async with engine.connect() as conn:
             names = await conn.run_sync(lambda sync: set(inspect(sync).get_table_names()))
         await engine.dispose()

@@ -27,7 +27,7 @@ from backends.sim import PROFILES, create_sim_app
 from gateway.app import create_app
 from gateway.observability import tracing as tracing_module
 from gateway.observability.tracing import Tracing, TracingMiddleware
-from gateway.queue.direct import DIRECT_LANE
+from gateway.queue.running.direct import DIRECT_LANE
 from gateway.services import Services, open_services
 from gateway.settings import load_settings
 from tests.support import free_port, gateway_config

@@ -11,12 +11,14 @@ from sklearn.pipeline import Pipeline
 
 from router.classifier import (
     Classifier,
-    meta_tokens,
+    length_steps,
     model_text,
+    model_text_of,
 )
 from router.experts import GAIN, MULTIPLE_CHOICE, OPEN, PROBABILITY, expert_for
 from router.features import HEAD_CHARS, TAIL_CHARS, PromptFeatures
 from router.model_file import DEFAULT_MODEL_PATH, card_path, load_classifier
+from router.prompt_text import Normalised, normalise
 from router.sklearn_classifier import SklearnClassifier, SklearnExpert
 from router.training.data import load_rows
 from tests.router.conftest import DATA_DIR, EASY, HARD
@@ -27,42 +29,87 @@ def shipped() -> SklearnClassifier:
     return load_classifier()
 
 
+def _tokens(text: str) -> list[str]:
+    return model_text_of(text).split("\n", 1)[0].split()
+
+
 def test_meta_tokens_describe_the_structure() -> None:
-    features = PromptFeatures.from_text("Which?\nA. x = 1 + 2\nB. def f(): return 1;")
-    assert meta_tokens(features) == (
-        "tgmlen1 tgmcode tgmmath tgmopts2 tgmlatin "
-        "tgmup7 tgmomin2 tgmospr4 tgmonum2 tgmqty0 tgmfx0 tgmqm1"
-    )
-    plain = meta_tokens(PromptFeatures.from_text("tell me a story about a dragon please"))
-    assert plain.endswith("tgmup0 tgmnoopts tgmqty0 tgmfx0 tgmqm0 tgmnn0 tgmwc3 tgmss0")
+    tokens = _tokens("Which?\nA. x = 1 + 2\nB. def f(): return 1;")
+    assert tokens[:2] == ["tgmkmc", "tgmwb0"]
+    assert {"tgmcode", "tgmmath", "tgmlatin", "tgmonum2", "tgmqm1"} <= set(tokens)
+    assert not any(t.startswith("tgmopts") for t in tokens)  # the option count is format
+    plain = _tokens("tell me a story about a dragon please")
+    assert plain[0] == "tgmktxt" and "tgmnocode" in plain and "tgmhard0" in plain
 
 
-def test_size_tokens_count_numbers_words_and_sentences() -> None:
+def test_size_tokens_count_numbers_and_sentences() -> None:
     problem = (
         "Tom has 12 apples. He gives 3.5 kg to Ann and 1,200 grams to Bob! "
         "How many are left? Answer in grams."
     )
-    tokens = meta_tokens(PromptFeatures.from_text(problem)).split()
-    # 3 numbers (1,200 is one); 21 words: 2·log2(21) = 8.8 → bucket 5; 4 sentence ends
-    assert tokens[-3:] == ["tgmnn3", "tgmwc5", "tgmss4"]
+    tokens = _tokens(problem)
+    assert "tgmnn3" in tokens and "tgmss4" in tokens and "tgmqty1" in tokens
     many = " ".join(f"{n}." for n in range(40))
-    assert meta_tokens(PromptFeatures.from_text(many)).split()[-3:][0] == "tgmnn12"
-    # a multiple-choice question's text has none: its expert reads the shape tokens
-    question = PromptFeatures.from_text(problem + "\nA. 8,800\nB. 9,000\nC. 12")
-    assert not any(t.startswith(("tgmnn", "tgmwc", "tgmss")) for t in meta_tokens(question).split())
+    assert "tgmnn8" in _tokens(many)
 
 
 @pytest.mark.parametrize(
-    ("words", "bucket"), [(0, 0), (3, 0), (4, 1), (6, 2), (8, 3), (16, 5), (256, 13), (10**4, 16)]
+    ("chars", "steps"), [(0, 0), (15, 0), (16, 0), (32, 4), (64, 8), (10**6, 40)]
 )
-def test_word_buckets(words: int, bucket: int) -> None:
-    tokens = meta_tokens(PromptFeatures.from_text("w " * words)).split()
-    assert tokens[-2] == f"tgmwc{bucket}"
+def test_length_steps_are_a_thermometer_per_kind(chars: int, steps: int) -> None:
+    assert length_steps(chars) == steps
+    assert length_steps(chars, "code") == 2 * steps
+    tokens = _tokens("a" * chars)
+    assert [t for t in tokens if t.startswith("tgmtxttick")] == [
+        f"tgmtxttick{i}"
+        for i in range(1, min(steps, length_steps(HEAD_CHARS + TAIL_CHARS + 3)) + 1)
+    ]
 
 
-@pytest.mark.parametrize(("chars", "bucket"), [(0, 0), (31, 0), (32, 1), (64, 2), (10**6, 10)])
-def test_length_buckets(chars: int, bucket: int) -> None:
-    assert meta_tokens(PromptFeatures.from_text("a" * chars)).startswith(f"tgmlen{bucket} ")
+QUESTION = "Which planet is the largest in the solar system?"
+OPTIONS = ("Mars", "Jupiter", "Venus", "Earth")
+
+
+@pytest.mark.parametrize(
+    "dressed",
+    [
+        QUESTION + "\n" + "\n".join(f"{'ABCD'[i]}. {o}" for i, o in enumerate(OPTIONS)),
+        QUESTION
+        + "\n"
+        + "\n".join(f"({'ABCD'[i]}) {o}" for i, o in enumerate(OPTIONS))
+        + "\nAnswer:",
+        "Question: "
+        + QUESTION
+        + "\n"
+        + "\n".join(f"{'ABCD'[i]}) {o}" for i, o in enumerate(OPTIONS))
+        + "\nAnswer with the letter of the correct option.",
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+        + QUESTION
+        + "\n"
+        + "\n".join(f"({'ABCD'[i]}) {o}" for i, o in enumerate(OPTIONS))
+        + "\nAnswer:<|im_end|>\n<|im_start|>assistant\n",
+        QUESTION + " (A) Mars (B) Jupiter (C) Venus (D) Earth",
+    ],
+)
+def test_the_format_of_a_question_is_taken_off(dressed: str) -> None:
+    assert normalise(dressed) == Normalised(QUESTION, OPTIONS)
+
+
+@pytest.mark.parametrize(
+    ("text", "token"),
+    [
+        ("hello", "tgmgreet"),
+        ("Thank you so much!", "tgmgreet"),
+        ("ok", "tgmgreet"),
+        ("Convert 5 miles to kilometers.", "tgmtrivial"),
+        ("What is the capital of Peru?", "tgmtrivial"),
+        ("Summarize the following text:\n" + "Words and more words. " * 50, "tgmxform"),
+        ("Prove that there are infinitely many primes.", "tgmhard1"),
+        ("Implement a lock-free queue with memory ordering.", "tgmhard2"),
+    ],
+)
+def test_intent_tokens(text: str, token: str) -> None:
+    assert token in _tokens(text)
 
 
 def test_long_prompts_are_clipped_to_head_and_tail() -> None:

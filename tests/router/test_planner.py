@@ -87,6 +87,7 @@ def test_auto_uses_the_threshold(
         reason=reason,
         score=score,
         requested_model="auto",
+        threshold=0.5,  # the tenant's, in force for auto
     )
 
 
@@ -277,6 +278,7 @@ def test_unavailable_deployments_move_to_the_end_in_order() -> None:
     assert plan.deployments == (SMALL_LONG.model, EXTERNAL.model, SMALL.model, LARGE.model)
     assert plan.tier is Tier.SMALL
     assert "unavailable" not in plan.reason
+    assert plan.preferred == plan.first_choice == SMALL.model  # what an answer falls back from
 
 
 def test_whole_tier_unavailable_starts_with_the_next_tier() -> None:
@@ -285,12 +287,20 @@ def test_whole_tier_unavailable_starts_with_the_next_tier() -> None:
     assert plan.deployments == (LARGE.model, EXTERNAL.model, SMALL.model, SMALL_LONG.model)
     assert plan.tier is Tier.LARGE
     assert plan.reason.endswith("small unavailable → large first")
+    assert plan.first_choice == SMALL.model  # the large tier's answer counts as a fallback
+    assert RoutePlan.from_dict(plan.to_dict()) == plan  # it travels with the job
+
+
+def test_nothing_unavailable_nothing_preferred() -> None:
+    plan = plan_for(score=0.1)
+    assert plan.preferred is None and plan.first_choice == plan.deployments[0]
 
 
 def test_everything_unavailable_keeps_the_order() -> None:
     plan = plan_for(score=0.9, signals=Signals(unavailable=frozenset(ALL)))
     assert plan.deployments == (LARGE.model, EXTERNAL.model, SMALL.model, SMALL_LONG.model)
     assert plan.tier is Tier.LARGE
+    assert plan.preferred is None  # nothing available moved ahead of it
 
 
 # --- context fit -------------------------------------------------------------------------

@@ -103,6 +103,15 @@ def one_rule(when: str, then: str = "{tier: external}") -> str:
         ('{"rules": [\n {"id": "a",\n  "then": {"max_tokens": 0}}]}', 3,
          "rules[0].then.max_tokens", "greater than"),
         ("rules:\n  - id: a\n    then: {tier: large\n", 4, "", "YAML"),
+        # issue 20: `$` let a trailing newline through, into ledger rows and a response header
+        ('rules:\n  - id: "ab\\n"\n    then: {}\n', 2, "rules[0].id", "ids are"),
+        ('rules:\n  - id: "a\\0b"\n    then: {}\n', 2, "rules[0].id", "ids are"),
+        ('rules:\n  - id: a\n    when: {app: "x\\0"}\n    then: {}\n', 3, "rules[0].when.app",
+         "control character"),
+        ('rules:\n  - id: a\n    when: {tag: ["ok", "b\\tad"]}\n    then: {}\n', 3,
+         "rules[0].when.tag", "control character"),
+        ('rules:\n  - id: a\n    description: "x\\0"\n    then: {}\n', 3,
+         "rules[0].description", "NUL"),
     ],
 )  # fmt: skip
 def test_invalid_rules_point_at_the_line(text: str, line: int, path: str, needle: str) -> None:
@@ -112,6 +121,42 @@ def test_invalid_rules_point_at_the_line(text: str, line: int, path: str, needle
     assert caught.value.path == path
     assert needle in str(caught.value)
     assert str(caught.value).startswith(f"line {line}: ")
+
+
+def _laughs(levels: int) -> str:
+    """A "billion laughs" file: ``levels`` lists of nine aliases of the list before."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "needle"),
+    [
+        (_laughs(9), 5, "more than 50000 values once its aliases are expanded"),  # 9**9 values
+        (_laughs(6), 5, "more than 50000 values"),  # 9**6 = 531,441: seconds to walk unbounded
+        ("rules: &r\n  - id: a\n    then: *r\n", 3, "refers to a node that contains it"),
+        ("rules: " + "[" * 40 + "]" * 40 + "\n", 1, "nested more than 32 levels deep"),
+        ("rules: " + "[" * 120_000 + "]" * 120_000, 1, "nested more than 32 levels deep"),
+    ],
+)
+def test_untrusted_yaml_is_bounded_before_it_is_walked(text: str, line: int, needle: str) -> None:
+    """Issue 20: a 299-byte alias bomb froze a gateway at 15 GB. Refused from the event stream,
+    before any alias is expanded."""
+    with pytest.raises(RulesInvalid) as caught:
+        parse_rules(text)
+    assert caught.value.line == line, str(caught.value)
+    assert needle in str(caught.value)
+
+
+def test_aliases_within_the_bounds_still_work() -> None:
+    text = (
+        "rules:\n"
+        "  - id: a\n    when: &when {tag: [pii, phi]}\n    then: {tier: large}\n"
+        "  - id: b\n    when: *when\n    then: {tier: small}\n"
+    )
+    assert [r.id for r in parse_rules(text).rules] == ["a", "b"]
 
 
 def test_empty_file_is_no_rules() -> None:
@@ -217,8 +262,9 @@ def test_tier_and_deployment() -> None:
     assert plan(one_rule("{}", "{tier: large}")).deployments == ("large-a", "ext-a", "small-a",
                                                                 "small-b")  # fmt: skip
     result = plan(one_rule("{}", "{deployment: small-b}"))
-    assert result.deployments[:2] == ("small-b", "small-a")
-    assert result.rule == "rule:r"
+    # the named deployment alone: the rest of its tier is not dragged in (it has no chain)
+    assert result.deployments == ("small-b",)
+    assert result.rule == "rule:r" and result.reason == "rule r → small-b"
 
 
 def test_threshold_and_target_share() -> None:
@@ -228,6 +274,17 @@ def test_threshold_and_target_share() -> None:
     assert plan(share, classifier=Calibrated(0.2)).tier is Tier.LARGE
     # a classifier without a share curve keeps the tenant's threshold
     assert plan(share, classifier=FixedScore(0.2)).tier is Tier.SMALL
+
+
+def test_the_plan_carries_the_threshold_in_force() -> None:
+    """What explain and the rules console show beside the score."""
+    assert plan("rules: []").threshold == 0.5  # the tenant's
+    assert plan(one_rule("{}", "{threshold: 0.1}")).threshold == 0.1
+    share = one_rule("{}", "{target_large_share: 0.9}")
+    assert plan(share, classifier=Calibrated(0.2)).threshold == pytest.approx(0.1)
+    assert plan(one_rule("{}", "{tier: large}")).threshold == 0.5  # auto, a rule picked the tier
+    assert plan("rules: []", model="small").threshold is None  # pinned: no threshold applies
+    assert RoutePlan.from_dict(plan("rules: []").to_dict()).threshold == 0.5
 
 
 def test_forbid_tiers_and_external() -> None:

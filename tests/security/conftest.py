@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
 
-from tests.support import Proc, free_port, gateway_config, start_gateway, wait_http
+from tests.support import (
+    Proc,
+    drop_prefix,
+    free_port,
+    gateway_config,
+    new_prefix,
+    start_gateway,
+    wait_http,
+)
 
 
 @dataclass
@@ -41,7 +47,7 @@ def _start(config: Path, workdir: Path, name: str, port: int, admin_port: int) -
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Pair]:
     workdir = tmp_path_factory.mktemp("pair")
-    prefix = f"tgtest-{uuid.uuid4().hex[:10]}"
+    prefix = new_prefix()
     database_url = f"sqlite+aiosqlite:///{workdir / 'tiergate.db'}"
     started: list[Gateway] = []
     configs: list[Path] = []
@@ -65,12 +71,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[P
     finally:
         for gw in started:
             gw.proc.stop()
-        client = redis.Redis.from_url(redis_url)
-        try:
-            for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-                client.delete(key)
-        finally:
-            client.close()
+        drop_prefix(redis_url, prefix)
 
 
 # In-process apps on real services (SQLite in a temp dir, the test Redis), shared with the auth

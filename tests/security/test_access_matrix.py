@@ -18,16 +18,16 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from gateway.api.access import ADMIN, AUTHENTICATED, FINANCE, PUBLIC, RULES, TENANT
 from gateway.app import create_admin_app, create_app
-from gateway.auth.access import ADMIN, AUTHENTICATED, FINANCE, PUBLIC, RULES, TENANT
 from gateway.auth.admin import AuthAdmin
 from gateway.services import Services
-from tests.gateway.test_access import _guards, _routes
+from tests.gateway.api.test_access import _guards, _routes
 
 KINDS = ("anonymous", "invalid", "revoked", "tenant", "rules", "finance", "admin")
 OK, UNAUTH, DENIED = "ok", 401, 403
 
-# What each declared role lets through, written independently of gateway.auth.access.
+# What each declared role lets through, written independently of gateway.api.access.
 ORACLE: dict[str, set[str]] = {
     PUBLIC: set(KINDS),
     AUTHENTICATED: {"tenant", "rules", "finance", "admin"},
@@ -48,21 +48,28 @@ def _row(ok: set[str], refused: int = DENIED) -> dict[str, object]:
 EVERYONE = {"anonymous", "invalid", "revoked", "tenant", "rules", "finance", "admin"}
 CALLERS = {"tenant", "rules"}  # principals acting for a tenant
 READERS = {"tenant", "rules", "admin"}
+RULE_READERS = {"tenant", "rules", "finance", "admin"}  # finance reads every tenant's rules
 WRITERS = {"rules", "admin"}
 
 POLICY: dict[tuple[str, str, str], dict[str, object]] = {
     ("public", "POST", "/v1/chat/completions"): _row(CALLERS),
+    ("public", "POST", "/v1/completions"): _row(CALLERS),
+    ("public", "POST", "/v1/responses"): _row(CALLERS),
+    ("public", "POST", "/v1/embeddings"): _row(CALLERS),
     ("public", "GET", "/v1/models"): _row(CALLERS),
     ("public", "GET", "/v1/reports/costs"): _row({"tenant", "rules", "finance", "admin"}),
     ("public", "POST", "/v1/route/explain"): _row(READERS),
-    ("public", "GET", "/v1/rules"): _row(READERS),
-    ("public", "GET", "/v1/rules/{tenant}"): _row(READERS),
+    ("public", "GET", "/v1/rules"): _row(RULE_READERS),
+    ("public", "GET", "/v1/rules/{tenant}"): _row(RULE_READERS),
     ("public", "PUT", "/v1/rules/{tenant}"): _row(WRITERS),
     ("public", "POST", "/v1/rules/{tenant}/validate"): _row(WRITERS),
     ("public", "DELETE", "/v1/rules/{tenant}"): _row(WRITERS),
-    ("public", "GET", "/v1/rules/{tenant}/versions"): _row(READERS),
-    ("public", "GET", "/v1/rules/{tenant}/versions/{version}"): _row(READERS),
+    ("public", "GET", "/v1/rules/{tenant}/versions"): _row(RULE_READERS),
+    ("public", "GET", "/v1/rules/{tenant}/versions/{version}"): _row(RULE_READERS),
     ("public", "POST", "/v1/rules/{tenant}/rollback"): _row(WRITERS),
+    ("public", "GET", "/v1/rules/{tenant}/figures"): _row(RULE_READERS),
+    ("public", "POST", "/v1/rules/{tenant}/explain"): _row(RULE_READERS),
+    ("public", "POST", "/v1/rules/{tenant}/what-if"): _row(RULE_READERS),
     ("public", "GET", "/healthz"): _row(EVERYONE),
     ("public", "GET", "/readyz"): _row(EVERYONE),
     ("admin", "GET", "/metrics"): _row(EVERYONE),  # the admin port is not on the public network
@@ -93,6 +100,9 @@ CROSS_TENANT = [
     ("DELETE", "/v1/rules/globex", None),
     ("GET", "/v1/rules/globex/versions", None),
     ("POST", "/v1/rules/globex/rollback?to=1", None),
+    ("GET", "/v1/rules/globex/figures", None),
+    ("POST", "/v1/rules/globex/explain", None),
+    ("POST", "/v1/rules/globex/what-if", "rules: []\n"),
     ("GET", "/v1/reports/costs?tenant=globex", None),
     ("POST", "/v1/route/explain?tenant=globex", None),
 ]
@@ -156,7 +166,7 @@ def _all_routes(services: Services | None) -> list[tuple[str, str, str, list[str
 
 
 def create_app_for_listing() -> FastAPI:
-    from tests.gateway.test_access import EXAMPLE, load_settings
+    from tests.gateway.api.test_access import EXAMPLE, load_settings
 
     return create_app(load_settings(EXAMPLE))
 
@@ -213,6 +223,13 @@ async def test_no_tenant_reaches_another(
     finance = {"authorization": f"Bearer {principals.keys['finance']}"}
     response = await clients["public"].get("/v1/reports/costs?tenant=globex", headers=finance)
     assert response.status_code == 200
+    for url in ("/v1/rules/globex", "/v1/rules/globex/figures"):  # finance reads every tenant
+        assert (await clients["public"].get(url, headers=finance)).status_code == 200
+    for method, url in (("PUT", "/v1/rules/globex"), ("POST", "/v1/rules/globex/validate")):
+        refused = await clients["public"].request(
+            method, url, content="rules: []\n", headers=finance
+        )
+        assert refused.status_code == 403  # and writes none
 
 
 async def test_each_port_serves_only_its_own_routes(

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from gateway.api.admission import admit
 from gateway.errors import GatewayError
 from gateway.settings import LimitsSettings, Settings
+from router.capabilities import Capability
 from router.rules import RulesInvalid, parse_rules
 from tests.support import fuzz_examples
 
@@ -77,6 +78,9 @@ chat_body = st.fixed_dictionaries(
         "stream_options": json_values,
         "stop": json_values,
         "tools": json_values,
+        "tool_choice": json_values,
+        "response_format": json_values,
+        "reasoning_effort": json_values,
         "extra_field": json_values,
     },
 )
@@ -106,6 +110,7 @@ def _admits_or_refuses(raw: bytes, head: dict[str, str]) -> None:
         return
     assert admitted.max_tokens >= 1
     assert admitted.features.estimated_prompt_tokens <= LIMITS.max_prompt_tokens
+    assert admitted.needs <= frozenset(Capability)  # any body: read, never a crash
 
 
 def _chat_request_structured(body: dict[str, Any], head: dict[str, str]) -> None:

@@ -22,7 +22,7 @@ from gateway.app import create_admin_app, create_app
 from gateway.observability.logging import JsonFormatter
 from gateway.services import Services, open_services
 from gateway.settings import load_settings
-from tests.support import free_port, gateway_config
+from tests.support import free_port, gateway_config, value_when
 
 MODEL = "llama-3.1-8b-instruct"
 
@@ -138,7 +138,7 @@ async def test_no_key_or_text_leaks(
             headers={"authorization": "Bearer dev-globex"},
         )
         assert logged.status_code == 200
-        await services.auth.flush()  # type: ignore[union-attr]
+        await services.auth.flush()
     finally:
         await pub.aclose()
         await adm.aclose()
@@ -166,18 +166,15 @@ async def test_no_key_or_text_leaks(
 
 
 async def _wait_for_ledger(services: Services, rows: int) -> None:
-    import asyncio
-    import time
-
     from sqlalchemy import func, select
 
     from gateway.accounting.schema import ledger_entries
 
-    deadline = time.monotonic() + 10
-    while True:
+    async def count() -> int:
         async with services.ledger._engine.connect() as conn:
-            count = (await conn.execute(select(func.count()).select_from(ledger_entries))).scalar()
-        if (count or 0) >= rows or time.monotonic() > deadline:
-            assert (count or 0) >= rows, f"only {count} ledger rows"
-            return
-        await asyncio.sleep(0.1)
+            booked = (await conn.execute(select(func.count()).select_from(ledger_entries))).scalar()
+        return booked or 0
+
+    await value_when(
+        count, lambda booked: booked >= rows, 10, what="too few ledger rows", every_s=0.1
+    )

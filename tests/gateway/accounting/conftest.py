@@ -72,7 +72,12 @@ async def ledger(db_url: str) -> AsyncIterator[SqlLedger]:
     try:
         if ledger.dialect == "postgresql":
             async with ledger.engine.begin() as conn:
-                await conn.execute(text("TRUNCATE ledger_entries, ledger_daily, gpu_trueup"))
+                await conn.execute(
+                    text(
+                        "TRUNCATE ledger_entries, ledger_daily, gpu_trueup, ledger_dead_letters, "
+                        "budget_alerts"
+                    )
+                )
         yield ledger
     finally:
         await ledger.aclose()

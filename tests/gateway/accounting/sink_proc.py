@@ -6,8 +6,9 @@ import asyncio
 import sys
 
 from gateway.accounting import SqlLedger
+from gateway.accounting.dead_letters import DeadLetters
 from gateway.accounting.sink import LedgerSink
-from gateway.queue.connection import redis_client
+from gateway.queue.client.connection import redis_client
 
 
 async def main(redis_url: str, stream: str, db_url: str, consumer: str) -> None:
@@ -20,6 +21,8 @@ async def main(redis_url: str, stream: str, db_url: str, consumer: str) -> None:
         group="ledger",
         consumer=consumer,
         ledger=ledger,
+        dead_letters=DeadLetters(ledger.engine),
+        dead_letter_stream=f"{stream}:dead",
         claim_idle_ms=500,
     )
     sink.start()

@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 
 from gateway.accounting import PriceBook
 from gateway.accounting.budgets import BudgetBook, Released, window_bounds, worst_case_micro
-from gateway.errors import BudgetExceeded
+from gateway.errors import BudgetBusy, BudgetExceeded
 from gateway.metrics import Metrics
 from gateway.services import Services
 from gateway.settings import BudgetSettings, load_settings
@@ -76,12 +76,14 @@ def test_windows() -> None:
 
 def test_worst_case_is_the_dearest_deployment_of_the_plan() -> None:
     prices = PriceBook.from_settings(load_settings(EXAMPLE).deployments, cost_map={})
-    # 70B: $0.35 / $0.70 per Mtok; prompt 100 -> 141 reserved tokens, 1000 output tokens.
-    got = worst_case_micro(
-        prices, ["llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq"], 100, 1000
-    )
-    assert got == round(141 * 0.35 + 1000 * 0.70)
+    # 70B: $0.35 / $0.70 per Mtok; a prompt bound of 100 tokens, 1000 output tokens.
+    plan = ["llama-3.1-8b-instruct", "llama-3.1-70b-instruct-awq"]
+    assert worst_case_micro(prices, plan, 100, 1000) == round(100 * 0.35 + 1000 * 0.70)
+    # No max_tokens: as many as the deployment's context holds (the 70B: 8192); rounded up.
+    assert worst_case_micro(prices, plan, 1, None) == 5735  # 0.35 + 8192 x 0.70 = 5734.75
     assert worst_case_micro(prices, ["gpt-4o-mini"], 100, 1000) == 0  # unknown price here
+    # n = 3 answers: the prompt is billed once, each answer up to max_tokens.
+    assert worst_case_micro(prices, plan, 100, 1000, choices=3) == round(100 * 0.35 + 3000 * 0.70)
 
 
 async def test_fifty_requests_racing_the_last_dollar_never_overshoot(
@@ -95,8 +97,8 @@ async def test_fifty_requests_racing_the_last_dollar_never_overshoot(
             await budgets.reserve(
                 tenant="acme", request_id=f"r{i}", app=None, tags=(), amount_micro_usd=4_000, at=AT
             )
-        except BudgetExceeded as exc:
-            assert exc.status == 429 and exc.code == "budget_exceeded"
+        except BudgetBusy as exc:  # it would fit once the two in flight settle
+            assert exc.status == 429 and exc.code == "budget_busy" and exc.retryable
             return False
         return True
 
@@ -109,6 +111,15 @@ async def test_fifty_requests_racing_the_last_dollar_never_overshoot(
             await budgets.settle(make_entry(f"r{i}", created_at=AT, cost_micro_usd=3_000))
     (status,) = await budgets.status("acme", AT)
     assert (status.spent_micro_usd, status.reserved_micro_usd) == (996_000, 0)
+    await budgets.reserve(  # what was busy fits now
+        tenant="acme", request_id="retry", app=None, tags=(), amount_micro_usd=4_000, at=AT
+    )
+    await budgets.settle(make_entry("retry", created_at=AT, cost_micro_usd=4_000))
+    with pytest.raises(BudgetExceeded) as spent:  # truly spent: no retry helps
+        await budgets.reserve(
+            tenant="acme", request_id="late", app=None, tags=(), amount_micro_usd=1, at=AT
+        )
+    assert spent.value.code == "budget_exceeded" and spent.value.retryable is False
 
 
 async def test_settle_is_once_per_request_and_unknown_cost_keeps_the_reservation(
@@ -267,9 +278,9 @@ async def test_fifty_chat_requests_racing_the_last_dollar_through_the_gateway(
         refused = [r for r in replies if r.status_code != 200]
         assert ok, [r.text for r in replies[:3]]
         assert refused, "the limit admitted every request: it did not bite"
-        for r in refused:
+        for r in refused:  # busy while the admitted ones are in flight: a retry may fit
             assert r.status_code == 429, r.text
-            assert r.json()["error"]["code"] == "budget_exceeded"
+            assert r.json()["error"]["code"] in ("budget_busy", "budget_exceeded")
         for _ in range(200):  # the sink books through the event stream
             async with services.ledger.engine.connect() as conn:
                 rows = (
@@ -283,7 +294,7 @@ async def test_fifty_chat_requests_racing_the_last_dollar_through_the_gateway(
         spent = sum(entry.cost_micro_usd or 0 for entry in booked if entry is not None)
         assert all(entry is not None and entry.price_known for entry in booked)
         assert 0 < spent <= limit_micro, (len(ok), spent)
-        (status,) = await services.budgets.status("acme")  # type: ignore[union-attr]
+        (status,) = await services.budgets.status("acme")
         assert status.spent_micro_usd + status.reserved_micro_usd <= status.limit_micro_usd
 
 
@@ -374,7 +385,7 @@ async def test_a_reservation_never_settled_is_released_after_its_bound_and_admit
     lost = book(redis, key_prefix, hard, metrics=metrics, release_after_s=0.3)
     await reserve(live, "live", 1_000)
     await reserve(lost, "lost", 8_000)  # its process dies: it is never settled
-    with pytest.raises(BudgetExceeded, match="'monthly'"):
+    with pytest.raises(BudgetBusy, match="'monthly'"):
         await reserve(live, "next", 5_000)
     assert await lost.sweep() == []  # not due yet
     assert await spent_and_reserved(live) == (0, 9_000)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -10,6 +11,7 @@ from fractions import Fraction
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from backends.types import Usage
 from gateway.accounting import (
@@ -23,10 +25,13 @@ from gateway.accounting import (
     render_json,
     render_table,
 )
+from gateway.accounting.reports import display_usd
+from gateway.cli.main import app
 from gateway.settings import DeploymentSettings, PriceSettings, ReplicaSettings
 from router.catalog import Tier
+from tests.gateway.accounting.apps import EXAMPLE
 
-from .factories import make_entry
+from .factories import T0, make_entry
 
 D1, D2, D3 = date(2025, 3, 1), date(2025, 3, 2), date(2025, 3, 3)
 EST = timezone(timedelta(hours=-5))
@@ -73,12 +78,18 @@ async def test_grouped_by_day_and_model(filled: SqlLedger) -> None:
         (D3, SMALL),
     ]
     groups = by_group(report)
-    assert groups[(D1, SMALL)] == CostSums(1, 100, 20, 30, 120, 90, 0, 0)
-    assert groups[(D2, SMALL)] == CostSums(1, 400, 50, 50, 200, 150, 0, 0)
-    assert groups[(D1, "large-a")] == CostSums(1, 100, 20, 500, 500, 0, 0, 0)
-    assert groups[(D2, "ext")] == CostSums(1, 100, 20, 0, 80, 0, 1, 0)
-    assert groups[(D3, SMALL)] == CostSums(1, 100, 20, 10, 0, 0, 0, 1)
-    assert report.totals == CostSums(5, 800, 130, 590, 900, 240, 1, 1)
+    assert groups[(D1, SMALL)] == CostSums(
+        1, 100, 20, 30, 120, 90, 0, 0, 0, 0, 30000, 120000, 90000
+    )
+    assert groups[(D2, SMALL)] == CostSums(
+        1, 400, 50, 50, 200, 150, 0, 0, 0, 0, 50000, 200000, 150000
+    )
+    assert groups[(D1, "large-a")] == CostSums(
+        1, 100, 20, 500, 500, 0, 0, 0, 0, 0, 500000, 500000, 0
+    )
+    assert groups[(D2, "ext")] == CostSums(1, 100, 20, 0, 80, 0, 1, 0, 0, 0, 0, 80000, 0)
+    assert groups[(D3, SMALL)] == CostSums(1, 100, 20, 10, 0, 0, 0, 1, 0, 0, 10000, 0, 0)
+    assert report.totals == CostSums(5, 800, 130, 590, 900, 240, 1, 1, 0, 0, 590000, 900000, 240000)
     assert report.totals.cost == Decimal("0.000590")
     assert report.totals.savings == Decimal("0.000240")
 
@@ -89,7 +100,9 @@ async def test_tenant_filter_and_isolation(filled: SqlLedger) -> None:
         (("beta",), 1, 7)
     ]
     nobody = await cost_report(filled, tenant="nobody", start=None, end=None)
-    assert nobody.rows == () and nobody.totals == CostSums()
+    assert nobody.rows == () and nobody.totals == CostSums(
+        cost_nano_usd=0, baseline_nano_usd=0, savings_nano_usd=0
+    )
     everyone = await cost_report(filled, tenant=None, start=None, end=None, group_by=("tenant",))
     assert {r.group[0]: r.sums.requests for r in everyone.rows} == {"acme": 5, "beta": 1}
     assert everyone.totals.requests == 6 and everyone.totals.cost_micro_usd == 597
@@ -221,9 +234,11 @@ async def test_json_and_csv_output(filled: SqlLedger) -> None:
     lines = text.splitlines()
     assert lines[0] == (
         "day,model,requests,prompt_tokens,completion_tokens,cost_usd,baseline_usd,savings_usd,"
-        "unknown_price,unknown_baseline,estimated,estimated_usd"
+        "unknown_price,unknown_baseline,estimated,estimated_usd,line"
     )
-    assert lines[2] == f"2025-03-01,{SMALL},1,100,20,0.000030,0.000120,0.000090,0,0,0,0.000000"
+    assert lines[2] == (
+        f"2025-03-01,{SMALL},1,100,20,0.000030,0.000120,0.000090,0,0,0,0.000000,usage"
+    )
     rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == 5
     assert sum(Decimal(r["cost_usd"]) for r in rows) == report.totals.cost
@@ -261,10 +276,10 @@ async def test_cost_resting_on_estimates_is_shown_per_tenant(ledger: SqlLedger) 
     assert (data["rows"][0]["estimated"], data["rows"][0]["estimated_usd"]) == (3, "0.000118")
     assert data["totals"]["estimated_usd"] == "0.000118"
     lines = render_csv(report).splitlines()
-    assert lines[1].endswith(",3,0.000118") and lines[2].endswith(",0,0.000000")
+    assert lines[1].endswith(",3,0.000118,usage") and lines[2].endswith(",0,0.000000,usage")
     console = Console(file=io.StringIO(), width=200, color_system=None)
     console.print(render_table(report))
-    assert "$0.00 (3)" in console.file.getvalue()  # type: ignore[attr-defined]
+    assert "$0.00012 (3)" in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 async def test_table_rounds_to_cents(ledger: SqlLedger) -> None:
@@ -279,3 +294,53 @@ async def test_table_rounds_to_cents(ledger: SqlLedger) -> None:
     assert "$2.00" in out  # 2.005 rounds half-even to 2.00
     assert "-$1,232.56" in out  # savings
     assert "2025-03-01" in out and "total" in out
+
+
+@pytest.mark.parametrize(
+    ("amount", "shown"),
+    [
+        ("0", "$0.00"),
+        ("0.000042", "$0.000042"),
+        ("0.00000039", "$0.00000039"),
+        ("0.0049", "$0.0049"),
+        ("0.01", "$0.01"),
+        ("1234.567", "$1,234.57"),
+        ("-0.000042", "-$0.000042"),
+    ],
+)
+def test_displayed_money_scales_below_a_cent(amount: str, shown: str) -> None:
+    assert display_usd(Decimal(amount)) == shown
+
+
+LONG = "hosted_vllm/meta-llama/Llama-3.1-70B-Instruct-AWQ"
+
+
+async def test_report_keeps_every_model_name_whole_at_100_columns_and_pipes_full_values(
+    ledger: SqlLedger, redis_url: str
+) -> None:
+    await ledger.record_many(
+        [
+            make_entry("w1", deployment=LONG, cost_micro_usd=0, cost_nano_usd=390),
+            make_entry("w2", cost_micro_usd=42),
+        ]
+    )
+    report = await cost_report(ledger, tenant=None, start=None, end=None)
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    console.print(render_table(report, width=100))
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert LONG in out and SMALL in out and str(T0.date()) in out
+    assert "$0.00000039" in out and "$0.000042" in out
+    assert "…" not in out
+    if ledger.dialect != "sqlite":
+        return
+    url = str(ledger.engine.url)
+    env = {"TIERGATE_DATABASE__URL": url, "TIERGATE_REDIS__URL": redis_url}
+    piped = await asyncio.to_thread(
+        CliRunner().invoke, app, ["report", "--config", str(EXAMPLE)], env=env
+    )
+    assert piped.exit_code == 0, piped.output
+    lines = [line.split("\t") for line in piped.output.splitlines()]
+    assert lines[0][:3] == ["day", "model", "requests"]
+    assert [T0.date().isoformat(), LONG] in [line[:2] for line in lines[1:]]
+    assert "0.00000039" in piped.output and "0.000042" in piped.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -43,6 +44,8 @@ _ADDED = {
     "0003": ("idempotency_key",),
     "0004": ("estimated_micro_usd",),
     "0006": ("provisional", "superseded_at"),
+    "0008": ("cost_nano_usd", "baseline_nano_usd", "price_source"),
+    "0009": ("endpoint",),
 }
 """Columns of ``ledger_entries`` added after revision 0002, by the revision that added them."""
 
@@ -73,7 +76,7 @@ def _upgrade_to(connection: Connection, revision: str) -> None:
     command.upgrade(migrate_config(connection), revision)
 
 
-@pytest.mark.parametrize("start", ["0001", "0002", "0003", "0004"])
+@pytest.mark.parametrize("start", ["0001", "0002", "0003", "0004", "0007"])
 async def test_a_database_behind_head_is_upgraded_and_keeps_its_rows(
     db_url: str, start: str
 ) -> None:
@@ -97,6 +100,10 @@ async def test_a_database_behind_head_is_upgraded_and_keeps_its_rows(
         assert before is not None and before.idempotency_key is None
         assert before.estimated_micro_usd is None and not before.usage_estimated
         assert not before.provisional and before.superseded_at is None  # final, as booked
+        # 0008: no nano-dollars or source stored; the cost reads exactly what was booked.
+        assert (before.cost_nano_usd, before.price_source) == (None, None)
+        assert before.cost_nano == before.cost_micro_usd * 1000  # type: ignore[operator]
+        assert before.cost_usd == Decimal(before.cost_micro_usd or 0).scaleb(-6)
         keyed = make_entry("after", idempotency_key="k-1", created_at=T0 + timedelta(seconds=1))
         assert await ledger.record(keyed)
         assert await ledger.idempotent_request("acme", "k-1", T0) == "after"
@@ -118,7 +125,14 @@ async def test_migrate_twice_changes_nothing(ledger: SqlLedger) -> None:
 
 async def _drop_everything(ledger: SqlLedger) -> None:
     async with ledger.engine.begin() as conn:
-        for name in ("gpu_trueup", "ledger_daily", "ledger_entries", VERSION_TABLE):
+        for name in (
+            "budget_alerts",
+            "ledger_dead_letters",
+            "gpu_trueup",
+            "ledger_daily",
+            "ledger_entries",
+            VERSION_TABLE,
+        ):
             await conn.execute(text(f"DROP TABLE IF EXISTS {name}"))
 
 
@@ -171,7 +185,7 @@ async def test_rollups_made_before_0005_read_no_estimated_cost(db_url: str) -> N
     ledger = await SqlLedger.connect(db_url)
     try:
         async with ledger.engine.connect() as conn:
-            assert await current_revision(conn) == HEAD_REVISION == "0006"
+            assert await current_revision(conn) == HEAD_REVISION == "0009"
             assert await conn.run_sync(_diff) == []
             row = (
                 await conn.execute(

@@ -11,7 +11,7 @@ import pytest
 
 from backends.types import Usage
 from gateway.accounting import Price, PriceBook, load_litellm_cost_map, to_micro
-from gateway.accounting.prices import LITELLM_COST_MAP_FILE
+from gateway.accounting.prices import LITELLM_COST_MAP_FILE, litellm_version
 from gateway.settings import (
     DeploymentSettings,
     PriceSettings,
@@ -52,7 +52,7 @@ def litellm_json() -> dict[str, dict[str, object]]:
 def test_explicit_price_is_exact_per_token() -> None:
     book = PriceBook.from_settings([vllm("small-a", Tier.SMALL, ("0.10", "0.30"))])
     price = book.price_of("small-a")
-    assert price == Price(Decimal("0.0000001"), Decimal("0.0000003"), "settings")
+    assert price == Price(Decimal("0.0000001"), Decimal("0.0000003"), "config")
     cost = book.cost("small-a", Usage(prompt_tokens=1_234_567, completion_tokens=7))
     assert cost == Decimal("0.1234567") + Decimal("0.0000021")
 
@@ -75,7 +75,7 @@ def test_litellm_map_gpt_4o_mini_matches_the_shipped_file() -> None:
     book = PriceBook.from_settings([external("gpt-mini", "openai/gpt-4o-mini")])
     entry = litellm_json()["gpt-4o-mini"]
     price = book.price_of("gpt-mini")
-    assert price is not None and price.source == "litellm"
+    assert price is not None and price.source == f"litellm {litellm_version()}"
     assert price.input_per_token == Decimal(str(entry["input_cost_per_token"]))
     assert price.output_per_token == Decimal(str(entry["output_cost_per_token"]))
     assert isinstance(price.input_per_token, Decimal)
@@ -99,7 +99,7 @@ def test_explicit_price_overrides_the_map() -> None:
         price=PriceSettings(input_per_mtok=Decimal(1), output_per_mtok=Decimal(2)),
     )
     price = PriceBook.from_settings([dep]).price_of("gpt-mini")
-    assert price == Price(Decimal("0.000001"), Decimal("0.000002"), "settings")
+    assert price == Price(Decimal("0.000001"), Decimal("0.000002"), "config")
 
 
 def test_given_cost_map_with_floats_and_provider_check() -> None:

@@ -6,6 +6,7 @@ import csv
 import io
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
@@ -179,3 +180,26 @@ async def test_the_estimated_share_per_tenant_the_dashboard_shows(
     assert [(row["tenant"], row["estimated_usd"]) for row in own.json()["rows"]] == [
         ("acme", "0.000035")
     ]
+
+
+async def test_gpu_rates_are_published_for_this_period_and_the_next(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    deployments = [
+        d.model_copy(update={"gpu_hourly_usd": Decimal("1.20"), "gpu_expected_tokens_per_s": 400.0})
+        if d.model == "llama-3.1-8b-instruct"
+        else d
+        for d in app_settings(redis_url, key_prefix, tmp_path).deployments
+    ]
+    settings = app_settings(redis_url, key_prefix, tmp_path, deployments=deployments)
+    async with running_app(settings) as (_, client):
+        r = await client.get("/v1/reports/gpu-rates", headers=auth("acme"))
+        assert r.status_code == 200, r.text
+        (pool,) = r.json()["pools"]
+        assert pool["deployment"] == "llama-3.1-8b-instruct"
+        current, ahead = pool["current"], pool["next"]
+        assert current["basis"] == ahead["basis"] == "planned"
+        # $1.20/h for the one replica at 400 tokens/s: 1.2 / 1.44M per token.
+        assert Decimal(current["input_per_mtok"]) == Decimal("1.2") / Decimal("1.44")
+        assert ahead["period_start"] == current["period_end"]
+        assert current["id"].startswith("llama-3.1-8b-instruct@")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -12,7 +14,9 @@ from sqlalchemy import select, update
 
 from gateway.accounting import Attempt, SqlLedger, cost_report
 from gateway.accounting.events import encode_entry
-from gateway.accounting.rollups import allocate, paid_hours, rollup_day
+from gateway.accounting.gpu_rates import GpuPool, GpuRates
+from gateway.accounting.reports import render_csv, render_json
+from gateway.accounting.rollups import RollupJob, allocate, paid_hours, rollup_day
 from gateway.accounting.schema import gpu_trueup, ledger_daily
 from gateway.accounting.verify import verify_ledger
 from tests.gateway.accounting.factories import T0, make_entry
@@ -255,3 +259,40 @@ async def test_verify_is_clean_then_finds_each_difference(
     assert any("over: estimated cost is not within cost" in d.detail for d in report.differences)
     assert (report.estimated_rows, report.estimated_micro_usd) == (2, 56)
     assert any(n.startswith("2 requests booked in part from estimated usage") for n in report.notes)
+
+
+async def test_gpu_trueup_charges_the_replica_time_recorded_not_the_configured_count(
+    ledger: SqlLedger, redis: aioredis.Redis, key_prefix: str
+) -> None:
+    """The pool is configured with 2 replicas ($1.50/h each, $3/h) but KEDA ran one replica for
+    3 hours and a second for 1 hour that day: the day's true-up is 4 replica-hours x $1.50 = $6,
+    not 24 h x $3 = $72; the cost report and its CSV show each tenant's true-up line."""
+    await ledger.record_many(ROWS)
+    pool = GpuPool(SMALL, replica_hourly_usd=Decimal("1.50"), replicas=2)
+    rates = GpuRates(redis, key_prefix, [pool])
+    start = datetime.combine(DAY, datetime.min.time(), UTC).timestamp()
+    for i in range(3 * 360):  # every 10 s bucket for 3 h: r1; the first hour also r2
+        running = ["r1", "r2"] if i < 360 else ["r1"]
+        await rates.record_running(SMALL, running, bucket_s=10, at=start + 10 * i)
+    assert await rates.replica_seconds_of_day(SMALL, DAY) == 4 * 3600
+    job = RollupJob(ledger, {SMALL: Decimal("3.00")}, rates=rates)
+    await job.run_once(now=datetime.combine(DAY, datetime.min.time(), UTC) + timedelta(days=1))
+    async with ledger.engine.connect() as conn:
+        rows = (
+            (await conn.execute(select(gpu_trueup).where(gpu_trueup.c.day == DAY))).mappings().all()
+        )
+    assert sum(r["allocated_micro_usd"] for r in rows) == 6_000_000
+    assert {r["pool_paid_micro_usd"] for r in rows} == {6_000_000}
+    assert {r["paid_hours"] for r in rows} == {4.0}
+    report = await cost_report(ledger, tenant=None, start=DAY, end=DAY, group_by=("tenant",))
+    shown = render_json(report)["gpu_trueup"]
+    by_tenant = {r["tenant"]: r for r in shown["rows"]}
+    shares = allocate(6_000_000, {"acme": 240, "globex": 320})
+    assert by_tenant["acme"]["allocated_usd"] == f"{Decimal(shares['acme']) / 10**6:.6f}"
+    assert by_tenant["acme"]["booked_usd"] == "0.000030"
+    assert Decimal(shown["trueup_usd"]) == Decimal("6") - Decimal("0.000060")
+    lines = list(csv.DictReader(io.StringIO(render_csv(report))))
+    trueups = {r["tenant"]: r for r in lines if r["line"] == "gpu-trueup"}
+    assert Decimal(trueups["globex"]["cost_usd"]) == Decimal(by_tenant["globex"]["trueup_usd"])
+    own = await cost_report(ledger, tenant="acme", start=DAY, end=DAY, group_by=())
+    assert [t.tenant for t in own.trueup] == ["acme"]

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from sqlalchemy import create_engine, text
 
 from gateway.accounting.events import encode_entry
 from tests.gateway.accounting.factories import make_entry
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 EVENTS = 6000
@@ -41,15 +41,6 @@ def _sink(redis_url: str, stream: str, db: Path, name: str) -> subprocess.Popen[
     )  # fmt: skip
 
 
-def _wait(predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.timeout(180)
 def test_sigkill_mid_drain_loses_and_duplicates_nothing(
     redis_url: str, key_prefix: str, tmp_path: Path
@@ -65,7 +56,7 @@ def test_sigkill_mid_drain_loses_and_duplicates_nothing(
     pipe.execute()
     first = _sink(redis_url, stream, db, "sink-a")
     try:
-        assert _wait(lambda: _count(db) > 300, 60), "the first sink booked nothing"
+        wait_until(lambda: _count(db) > 300, 60, what="the first sink booked nothing")
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:
@@ -81,8 +72,10 @@ def test_sigkill_mid_drain_loses_and_duplicates_nothing(
     )
     second = _sink(redis_url, stream, db, "sink-b")
     try:
-        assert _wait(lambda: _count(db) == EVENTS and client.xlen(stream) == 0, 120), (
-            f"{_count(db)} rows, {client.xlen(stream)} events left"
+        wait_until(
+            lambda: _count(db) == EVENTS and client.xlen(stream) == 0,
+            120,
+            what="the second sink did not book every event",
         )
     finally:
         second.terminate()

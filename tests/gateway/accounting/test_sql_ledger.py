@@ -42,6 +42,7 @@ async def test_round_trip_keeps_every_field(ledger: SqlLedger) -> None:
             Attempt("llama-3.1-8b-instruct", "ok", 12.5, 100, 20),
         ),
         idempotency_key="order-42",
+        endpoint="embeddings",
     )
     assert decode_entry(encode_entry(entry)) == entry  # the sink's event carries every field
     assert await ledger.record(entry)

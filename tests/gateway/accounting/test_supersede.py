@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 
 from gateway.accounting import Attempt, LedgerEntry, SqlLedger
 from gateway.accounting.budgets import BudgetBook, Released
+from gateway.accounting.dead_letters import DeadLetters
 from gateway.accounting.events import decode_entry, encode_entry
 from gateway.accounting.reports import cost_report
 from gateway.accounting.rollups import RollupJob, replaced_days, rollup_day
@@ -134,11 +135,20 @@ async def test_a_runs_entry_replaces_the_provisional_rows_bookkeeping_once(
     assert await count_rows(ledger) == 1
 
 
-async def test_a_runs_entry_that_came_first_stays(ledger: SqlLedger) -> None:
-    run = run_entry("r2")
+async def test_a_runs_entry_that_came_first_takes_the_answer_the_client_got(
+    ledger: SqlLedger,
+) -> None:
+    """A run books before it answers: its entry can be booked while its answer reaches an edge
+    that had given up (a worker stopped at shutdown after the edge's 503; a reply delayed past
+    the grace). The client got the edge's answer: the row says so, whichever came first."""
+    edge, run = edge_504("r2"), run_entry("r2")
     assert await ledger.record(run) is True
-    assert await ledger.record(edge_504("r2")) is False
-    assert await ledger.get("r2") == run
+    assert await ledger.record(edge) is True
+    row = await ledger.get("r2")
+    assert_replaced(row, edge, run)
+    assert await ledger.record(edge) is False  # delivered twice: booked once
+    assert await ledger.record(run) is False
+    assert await ledger.get("r2") == row
     assert await count_rows(ledger) == 1
 
 
@@ -168,7 +178,7 @@ async def test_a_batch_books_each_id_as_one_by_one_would(ledger: SqlLedger) -> N
     ]
     assert await ledger.record_many(batch) == {"b1", "b2", "earlier"}
     assert_replaced(await ledger.get("b1"), edge_504("b1"), run_entry("b1"))
-    assert await ledger.get("b2") == run_entry("b2")
+    assert_replaced(await ledger.get("b2"), edge_504("b2"), run_entry("b2"))
     assert_replaced(await ledger.get("earlier"), edge_504("earlier"), run_entry("earlier"))
     assert await ledger.record_many(batch) == frozenset()  # the whole batch again
     assert await count_rows(ledger) == 3
@@ -186,11 +196,16 @@ async def test_concurrent_run_entries_replace_the_provisional_row_once(
     assert await count_rows(ledger) == 1
 
 
-def test_fold_keeps_the_first_entry_unless_a_run_replaces_a_provisional_one() -> None:
+def test_fold_keeps_the_first_entry_unless_a_run_and_a_provisional_one_meet() -> None:
     at = datetime.now(UTC)
     folded = fold([run_entry("x"), edge_504("x"), edge_504("y"), edge_504("y"), run_entry("y")], at)
     assert [e.request_id for e in folded] == ["x", "y"]
-    assert folded[0] == run_entry("x")
+    assert bookkeeping(folded[0]) == bookkeeping(run_entry("x"))
+    assert (folded[0].status_code, folded[0].superseded_at, folded[0].provisional) == (
+        504,
+        at,
+        False,
+    )
     assert bookkeeping(folded[1]) == bookkeeping(run_entry("y"))
     assert (folded[1].status_code, folded[1].superseded_at, folded[1].provisional) == (
         504,
@@ -265,6 +280,8 @@ def sink(redis: aioredis.Redis, prefix: str, ledger: SqlLedger) -> LedgerSink:
         group="sink",
         consumer="sink-1",
         ledger=ledger,
+        dead_letters=DeadLetters(ledger.engine),
+        dead_letter_stream=f"{prefix}:ledger:dead",
     )
 
 

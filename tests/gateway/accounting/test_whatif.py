@@ -51,7 +51,7 @@ async def test_three_scenarios_with_explicit_prices(ledger: SqlLedger) -> None:
     assert (got["all_external"].model, got["all_external"].cost) == ("gpt-4o-mini", Decimal("0.45"))
     # the same on the 70B at its explicit $0.35 / $0.70 per Mtok.
     assert got["all_self_hosted"].cost == Decimal("0.70")
-    assert got["all_self_hosted"].rate_source == "settings"
+    assert got["all_self_hosted"].rate_source == "config"
     assert render_what_if(result)["scenarios"][1]["cost_usd"] == "0.450000"
 
 
@@ -69,3 +69,11 @@ async def test_self_hosted_at_measured_utilisation(ledger: SqlLedger) -> None:
     hosted = _by_name(result)["all_self_hosted"]
     assert hosted.rate_source == "gpu-measured"
     assert hosted.cost == Decimal("72.000000")  # 1.5M tokens x $48 per 1M
+    # All tenants: as routed includes the 70B's idle time too ($48 paid, $0.35 booked), as the
+    # measured all-self-hosted rate does; each scenario says what it includes.
+    everyone = _by_name(
+        await what_if(ledger, prices, deployments, tenant=None, start=None, end=None)
+    )
+    assert everyone["as_routed"].cost == Decimal("0.41") + Decimal("47.65")
+    assert "GPU true-up" in everyone["as_routed"].includes
+    assert "idle included" in everyone["all_self_hosted"].includes

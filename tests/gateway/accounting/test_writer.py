@@ -17,7 +17,7 @@ from gateway.accounting.budgets import BudgetBook
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.writer import LedgerWriter
 from gateway.coalescer import Coalescer
-from gateway.queue.connection import redis_client
+from gateway.queue.client.connection import redis_client
 from gateway.settings import BudgetSettings, load_settings
 from tests.gateway.accounting.apps import EXAMPLE
 from tests.gateway.accounting.factories import make_entry

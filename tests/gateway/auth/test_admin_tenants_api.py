@@ -239,6 +239,7 @@ async def test_config_tenants_show_what_they_are_held_to(admin_client: httpx.Asy
                 "app": None,
                 "tag": None,
                 "alert_at": [0.5, 0.8, 1.0],
+                "webhook_url_env": None,
             }
         ],
         "baseline_model": LARGE,

@@ -188,6 +188,7 @@ def test_changes_name_exactly_the_profile_fields() -> None:
                 "app": None,
                 "tag": None,
                 "alert_at": [0.5, 0.8, 1.0],
+                "webhook_url_env": None,
             }
         ],
     }

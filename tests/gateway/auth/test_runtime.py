@@ -19,15 +19,7 @@ from gateway.auth.runtime import RuntimeAuth
 from gateway.auth.schema import tenants
 from gateway.auth.store import SqlAuthStore
 from gateway.auth.tenants import TenantProfile
-
-
-async def _wait(predicate, timeout_s: float = 5.0) -> float:  # type: ignore[no-untyped-def]
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.005)
-    return time.monotonic() - started
+from tests.support import until
 
 
 @pytest.fixture
@@ -59,12 +51,12 @@ async def test_revocation_reaches_the_other_copy_within_a_second(
     admin, here, there = pair
     issued = await admin.create_key("app", ["tenant:acme"])
     assert here.authenticate(issued.key) is not None  # the writer's copy at once
-    await _wait(lambda: there.authenticate(issued.key) is not None)
+    await until(lambda: there.authenticate(issued.key) is not None)
     principal = there.authenticate(issued.key)
     assert principal is not None and principal.tenant == "acme" and principal.name == "app"
     await admin.revoke_key(issued.record.key_id)
     assert here.authenticate(issued.key) is None
-    took = await _wait(lambda: there.authenticate(issued.key) is None)
+    took = await until(lambda: there.authenticate(issued.key) is None)
     assert took < 1.0
 
 
@@ -76,7 +68,7 @@ async def test_a_missed_message_is_caught_by_the_version_check(
     await asyncio.sleep(0.3)
     assert there.authenticate(issued.key) is None
     await admin.changes.redis.incr(admin.changes.version_key)  # the counter alone, no message
-    await _wait(lambda: there.authenticate(issued.key) is not None, timeout_s=1.0)
+    await until(lambda: there.authenticate(issued.key) is not None, timeout_s=1.0)
 
 
 async def test_rotated_key_stops_when_its_window_closes(
@@ -85,7 +77,7 @@ async def test_rotated_key_stops_when_its_window_closes(
     admin, _here, there = pair
     old = await admin.create_key("app", ["tenant:acme"])
     new = await admin.rotate_key(old.record.key_id, overlap=timedelta(seconds=1))
-    await _wait(lambda: there.authenticate(new.key) is not None)
+    await until(lambda: there.authenticate(new.key) is not None)
     assert there.authenticate(old.key) is not None  # inside the window both work
     await asyncio.sleep(1.1)
     assert there.authenticate(old.key) is None
@@ -122,7 +114,7 @@ async def test_tenants_reach_the_listener(
 ) -> None:
     admin, _here, there = pair
     await admin.create_tenant("umbrella", TenantProfile(priority="batch"))
-    await _wait(lambda: "umbrella" in there.tenants)
+    await until(lambda: "umbrella" in there.tenants)
     assert there.tenants["umbrella"].profile.priority == "batch"
 
 
@@ -133,16 +125,16 @@ async def test_a_tenant_whose_row_goes_bad_keeps_its_last_settings(
     reloading everything else (a revocation still arrives)."""
     admin, _here, there = pair
     await admin.create_tenant("umbrella", TenantProfile(priority="batch"))
-    await _wait(lambda: "umbrella" in there.tenants)
+    await until(lambda: "umbrella" in there.tenants)
     async with admin.store._engine.begin() as conn:
         await conn.execute(
             update(tenants).where(tenants.c.name == "umbrella").values(profile={"weight": -1})
         )
     issued = await admin.create_key("app", ["tenant:acme"])  # a change: every copy reloads
-    await _wait(lambda: there.authenticate(issued.key) is not None)
+    await until(lambda: there.authenticate(issued.key) is not None)
     assert there.tenants["umbrella"].profile.priority == "batch"
     await admin.revoke_key(issued.record.key_id)
-    await _wait(lambda: there.authenticate(issued.key) is None, timeout_s=1.0)
+    await until(lambda: there.authenticate(issued.key) is None, timeout_s=1.0)
 
 
 async def test_the_reload_loop_survives_an_unexpected_error(
@@ -164,11 +156,11 @@ async def test_the_reload_loop_survives_an_unexpected_error(
         failures.append(RuntimeError("a listener bug"))
         issued = await store.create_key("app", ["tenant:acme"])  # SQL only
         await copy.changes.announce()  # this reload raises in the listener
-        await _wait(lambda: not failures)
+        await until(lambda: not failures)
         await copy.changes.announce()
-        await _wait(lambda: copy.authenticate(issued.key) is not None, timeout_s=2.0)
+        await until(lambda: copy.authenticate(issued.key) is not None, timeout_s=2.0)
         await admin.revoke_key(issued.record.key_id)
-        await _wait(lambda: copy.authenticate(issued.key) is None, timeout_s=2.0)
+        await until(lambda: copy.authenticate(issued.key) is None, timeout_s=2.0)
     finally:
         await copy.aclose()
         await client.aclose()

@@ -23,10 +23,10 @@ import pytest
 from gateway.app import create_admin_app, create_app
 from gateway.services import Services, open_services
 from gateway.settings import load_settings
-from tests.e2e.ledger import wait_entry
 from tests.gateway.auth.conftest import ADMIN
 from tests.gateway.queue.conftest import CountingSim, start_sim
 from tests.support import free_port, gateway_config
+from tests.support.ledger import wait_entry
 
 __all__ = ["start_sim"]
 

@@ -13,12 +13,17 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.accounting import SqlLedger
-from gateway.errors import IdempotencyKeyReused, RateLimited, ServiceUnavailable
-from gateway.limits.idempotency import Idempotency, IdempotencySource
-from gateway.queue.dispatcher import Dispatcher
+from gateway.errors import (
+    IdempotencyKeyMismatch,
+    IdempotencyKeyReused,
+    RateLimited,
+    ServiceUnavailable,
+)
+from gateway.limits.idempotency import Idempotency, IdempotencySource, request_fingerprint
+from gateway.queue.edge.dispatcher import Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
 from gateway.queue.jobs import Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.replies import ReplyRouter
 from tests.gateway.accounting.factories import make_entry
 from tests.gateway.limits.conftest import lose_redis
 from tests.gateway.queue.conftest import Collect, Edge, job, start_node
@@ -42,15 +47,17 @@ async def test_a_repeat_gets_the_first_answer_and_runs_nothing(
         )
         edges.append(Edge(dispatcher, replies, name))
     booked = Collect()
-    node = await start_node(redis_conn, keys, [sim], booked, "w1", idempotency=idem)
+    node = await start_node(redis_conn, keys, [sim], booked, "w1", answers=idem)
     try:
         first = dataclasses.replace(job("r1", "e1"), idempotency_key="k-1")
-        repeat = dataclasses.replace(job("r2", "e2"), idempotency_key="k-1")
+        repeat = dataclasses.replace(job("r2", "e2"), idempotency_key="k-1", body=first.body)
         other = dataclasses.replace(job("r3", "e2"), idempotency_key="k-2")
         a, b, c = await asyncio.gather(
             edges[0].call(first), edges[1].call(repeat), edges[1].call(other)
         )
-        late, _ = await edges[0].call(dataclasses.replace(job("r4", "e1"), idempotency_key="k-1"))
+        late, _ = await edges[0].call(
+            dataclasses.replace(job("r4", "e1"), idempotency_key="k-1", body=first.body)
+        )
     finally:
         await node.aclose()
         for e in edges:
@@ -58,14 +65,66 @@ async def test_a_repeat_gets_the_first_answer_and_runs_nothing(
     assert a[0].kind == b[0].kind == c[0].kind == late.kind == "result"
     assert b[0].data == a[0].data == late.data  # the same answer
     # whichever claimed the key first ran; the other one is the replay
-    assert sorted(bool(x[0].meta.get("replayed")) for x in (a, b)) == [False, True]
-    assert late.meta.get("replayed") is True
+    assert sorted(x[0].meta.replayed for x in (a, b)) == [False, True]
+    assert late.meta.replayed is True
     assert c[0].data != a[0].data
     assert len(sim.served) == 2  # k-1 once, k-2 once
     booked_ids = sorted(e.request_id for e in booked.entries)
     assert booked_ids in (["r1", "r3"], ["r2", "r3"])
     # the rows of the requests that ran carry their keys (how a repeat is known after a loss)
     assert sorted(str(e.idempotency_key) for e in booked.entries) == ["k-1", "k-2"]
+
+
+async def test_a_key_reused_with_another_body_is_refused_with_422(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    start_sim,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 20: the repeat with a different body silently got the first request's answer. The
+    IETF Idempotency-Key draft answers 422; it runs nothing and the first answer stands."""
+    sim = await start_sim(4)
+    keys = RedisKeys(key_prefix)
+    idem = Idempotency(redis_conn, key_prefix, ttl_s=60)
+    replies = ReplyRouter(redis_conn, keys.replies("e1"), block_ms=200)
+    replies.start()
+    edge = Edge(
+        Dispatcher(redis_conn, keys, replies, max_depth=100, claim_ttl_s=60, idempotency=idem),
+        replies,
+        "e1",
+    )
+    booked = Collect()
+    node = await start_node(redis_conn, keys, [sim], booked, "w1", answers=idem)
+    try:
+        first = dataclasses.replace(job("r1", "e1"), idempotency_key="k-1")
+        answer, _ = await edge.call(first)
+        other = dataclasses.replace(job("r2", "e1"), idempotency_key="k-1")  # "hello r2"
+        with pytest.raises(IdempotencyKeyMismatch, match="r1") as refused:
+            await edge.call(other)
+        # the same body with its keys in another order is the same request: replayed
+        same = dataclasses.replace(
+            job("r3", "e1"), idempotency_key="k-1", body=dict(reversed(first.body.items()))
+        )
+        replayed, _ = await edge.call(same)
+    finally:
+        await node.aclose()
+        await replies.aclose()
+    error = refused.value
+    assert (error.status, error.code, error.retryable) == (422, "idempotency_key_mismatch", False)
+    assert replayed.meta.replayed is True and replayed.data == answer.data
+    assert len(sim.served) == 1  # only the first ran
+    assert [e.request_id for e in booked.entries] == ["r1"]
+
+
+def test_the_fingerprint_covers_model_stream_and_body() -> None:
+    base = job("r1", "e1")
+    same = dataclasses.replace(job("r2", "e1"), body=dict(base.body))
+    assert request_fingerprint(base) == request_fingerprint(same)
+    changed = [
+        dataclasses.replace(base, body={**base.body, "max_tokens": 9}),
+        dataclasses.replace(base, stream=True),
+        dataclasses.replace(base, plan=dataclasses.replace(base.plan, requested_model="large")),
+    ]
+    assert len({request_fingerprint(j) for j in [base, *changed]}) == 4
 
 
 # --- after a Redis loss: keys recognised from the SQL ledger ----------------------------------
@@ -152,7 +211,7 @@ async def test_a_key_cannot_name_another_keys_stored_answer(
 ) -> None:
     idem = Idempotency(redis_conn, key_prefix, ttl_s=60)
     assert await idem.claim("acme", "abc", "req_1") is None  # the first: runs
-    await idem.store("acme", "abc", Reply("req_1", "result", {"answer": 1}, {}))
+    await idem.store("acme", "abc", Reply("req_1", "result", {"answer": 1}))
     # A client key that spells the first key's answer is a new key of its own.
     assert await idem.claim("acme", "abc:result", "req_2") is None
     assert await idem.claim("acme", "r:abc", "req_3") is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,15 +22,21 @@ from aiohttp import web
 from backends.openai_http import VLLMBackend
 from backends.sim import PROFILES, create_sim_app
 from gateway.accounting.records import LedgerEntry
-from gateway.limits.idempotency import Idempotency
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.dispatcher import Dispatcher
-from gateway.queue.executor import Executor
+from gateway.accounting.writer import LedgerWriter
+from gateway.coalescer import CommandQueue, NoCoalescer
+from gateway.faults.drain import InflightCalls
+from gateway.faults.marks import NoStreamMarks
+from gateway.observability.tracing import Tracing
+from gateway.queue.edge.dispatcher import Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.pool import BackendPool, Replica
-from gateway.queue.replies import ReplyRouter
-from gateway.queue.worker import Worker
+from gateway.queue.ownership.notes import NoRunNotes
+from gateway.queue.replicas.capacity import SlotLeases
+from gateway.queue.replicas.pool import BackendPool, Replica
+from gateway.queue.running.executor import Executor, PriceLookup
+from gateway.queue.running.replying import AnswerStore, KeepsNoAnswers, LocalEdge, NoLocalEdge
+from gateway.queue.running.worker import Worker
 from router.catalog import Catalog, DeploymentSpec, Tier
 from router.plan import RoutePlan
 
@@ -37,8 +44,25 @@ MODEL = "llama-3.1-8b-instruct"
 
 
 class NoPrices:
-    def cost(self, model: str, usage: object) -> None:
+    def cost(self, model: str, usage: object, at: float | None = None) -> None:
         return None
+
+    def source(self, model: str, at: float | None = None) -> None:
+        return None
+
+
+def bare_executor(
+    pool: BackendPool, catalog: Catalog, prices: PriceLookup | None = None, **parts: Any
+) -> Executor:
+    """An executor with no breaker, stream marks, run notes or tracing, but the ``parts``
+    named (``Executor``'s keyword arguments)."""
+    nothing: dict[str, Any] = {
+        "stream_marks": NoStreamMarks(),
+        "run_notes": NoRunNotes(),
+        "tracing": Tracing.off(),
+        "inflight": InflightCalls(),
+    }
+    return Executor(pool, prices or NoPrices(), catalog, {}, **{**nothing, **parts})
 
 
 class Collect:
@@ -47,7 +71,13 @@ class Collect:
     def __init__(self) -> None:
         self.entries: list[LedgerEntry] = []
 
-    async def write(self, entry: LedgerEntry, *, then: Callable[[], None] | None = None) -> None:
+    async def write(
+        self,
+        entry: LedgerEntry,
+        *,
+        then: Callable[[], None] | None = None,
+        sql_fallback: bool = True,
+    ) -> None:
         self.entries.append(entry)
         if then is not None:
             then()
@@ -127,16 +157,19 @@ async def start_node(
     redis: aioredis.Redis,
     keys: RedisKeys,
     sims: list[CountingSim],
-    ledger: Collect,
+    ledger: Collect | LedgerWriter,
     name: str,
     *,
     lease_ms: int = 30_000,
     batch_headroom: float = 0.1,
     reclaim_idle_s: float = 15.0,
     heartbeat_s: float = 2.0,
-    local_edge: tuple[str, ReplyRouter] | None = None,
-    idempotency: Idempotency | None = None,
+    local_edge: LocalEdge | None = None,
+    answers: AnswerStore | None = None,
+    coalescer: CommandQueue | None = None,
 ) -> Node:
+    """``ledger``: a ``Collect``, or a real ``LedgerWriter`` (with ``coalescer``: the one it
+    writes through, as ``tiergate serve`` wires them)."""
     session = aiohttp.ClientSession()
     replicas = [
         Replica(
@@ -153,8 +186,8 @@ async def start_node(
         redis=redis,
         blocking_redis=redis,
         keys=keys,
-        executor=Executor(pool, NoPrices(), catalog, {}),
-        ledger=ledger,  # type: ignore[arg-type]
+        executor=bare_executor(pool, catalog),
+        ledger=ledger,
         capacity={},
         worker_id=name,
         claim_ttl_s=60,
@@ -163,8 +196,10 @@ async def start_node(
         batch_headroom=batch_headroom,
         reclaim_idle_s=reclaim_idle_s,
         heartbeat_s=heartbeat_s,
-        local_edge=local_edge,
-        idempotency=idempotency,
+        local_edge=local_edge or NoLocalEdge(),
+        answers=answers or KeepsNoAnswers(),
+        coalescer=coalescer or NoCoalescer(),
+        tracing=Tracing.off(),
     )
     worker.start()
     return Node(worker, pool, session)
@@ -210,7 +245,7 @@ class Edge:
         stream = await self.dispatcher.submit(j)
         async for reply in stream:
             if reply.kind in ("result", "error", "end"):
-                return reply, float(reply.meta.get("queue_ms", 0.0)) / 1000
+                return reply, reply.meta.queue_ms / 1000
         raise AssertionError("no final reply")
 
 
@@ -228,15 +263,34 @@ async def gather_calls(edge: Edge, jobs: list[Job]) -> list[tuple[Reply, float]]
     return list(await asyncio.gather(*(edge.call(j) for j in jobs)))
 
 
-async def until(predicate: Callable[[], Any], timeout_s: float) -> None:
-    """Wait until ``predicate()`` is true (awaited if it returns an awaitable)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
+def plan_job(*deployments: str, stream: bool = False, timeout_s: float = 30.0, **body: Any) -> Job:
+    """A job (120 tokens at most) whose plan tries ``deployments`` in order; ``body``: more of
+    the request's fields."""
+    base = job(f"req_{uuid.uuid4().hex}", "edge1", max_tokens=120, timeout_s=timeout_s)
+    plan = RoutePlan(tier=Tier.SMALL, deployments=deployments, rule="pin:tier", reason="test")
+    return dataclasses.replace(base, plan=plan, stream=stream, body={**base.body, **body})
+
+
+async def run_job(executor: Executor, j: Job) -> tuple[LedgerEntry, list[Reply]]:
+    """``executor.run(j)``: its ledger entry and every reply it emitted."""
+    replies: list[Reply] = []
+
+    async def emit(reply: Reply) -> None:
+        replies.append(reply)
+
+    return await executor.run(j, emit), replies
+
+
+def outcomes(entry: LedgerEntry) -> list[tuple[str, str]]:
+    """The entry's attempts: (deployment, outcome), in order."""
+    return [(a.deployment, a.outcome) for a in entry.attempts]
+
+
+def reply_text(replies: list[Reply]) -> str:
+    """The text the streamed chunks among ``replies`` carried."""
+    return "".join(
+        c["delta"].get("content") or ""
+        for r in replies
+        if r.kind == "chunk"
+        for c in r.data.get("choices") or ()
+    )

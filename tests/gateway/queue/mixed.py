@@ -8,9 +8,7 @@ litellm is imported when the first node is built (it takes seconds).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -22,23 +20,32 @@ from sqlalchemy import text
 
 from backends.litellm_backend import LiteLLMBackend
 from backends.openai_http import VLLMBackend
+from gateway.accounting.dead_letters import DeadLetters
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import Price, PriceBook
 from gateway.accounting.records import LedgerEntry
 from gateway.accounting.sink import LedgerSink
 from gateway.accounting.writer import LedgerWriter
+from gateway.coalescer import NoCoalescer
 from gateway.faults.marks import StreamMarks
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.executor import Executor
+from gateway.observability.tracing import Tracing
+from gateway.queue.billing import Billing
+from gateway.queue.edge.dispatcher import Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
 from gateway.queue.jobs import Job
 from gateway.queue.keys import RedisKeys
-from gateway.queue.notes import RunNotes
-from gateway.queue.pool import BackendPool, Replica
-from gateway.queue.worker import Worker
+from gateway.queue.ownership.edge_booking import NotedBooking
+from gateway.queue.ownership.notes import CallNotes, NoRunNotes, RunNotes
+from gateway.queue.replicas.capacity import SlotLeases
+from gateway.queue.replicas.pool import BackendPool, Replica
+from gateway.queue.running.executor import Executor
+from gateway.queue.running.replying import KeepsNoAnswers, NoLocalEdge
+from gateway.queue.running.worker import Worker
 from router.catalog import Catalog, DeploymentSpec, Tier
 from router.features import PromptFeatures
 from router.plan import RoutePlan
-from tests.gateway.queue.conftest import MODEL, Collect, CountingSim, Node, job
+from tests.gateway.queue.conftest import MODEL, Collect, CountingSim, Edge, Node, bare_executor, job
+from tests.support import value_when
 
 HOSTED = "gpt-4o-mini"
 PRICES = {
@@ -57,13 +64,13 @@ CLAIM_TTL_S = 60
 def executor(
     redis: aioredis.Redis, keys: RedisKeys, pool: BackendPool, *, notes: bool = True
 ) -> Executor:
-    return Executor(
+    run_notes: CallNotes = RunNotes(redis, keys, keep_s=CLAIM_TTL_S) if notes else NoRunNotes()
+    return bare_executor(
         pool,
-        PriceBook(PRICES),
         CATALOG,
-        {},
+        PriceBook(PRICES),
         stream_marks=StreamMarks(redis, keys.prefix),
-        run_notes=RunNotes(redis, keys, keep_s=CLAIM_TTL_S) if notes else None,
+        run_notes=run_notes,
     )
 
 
@@ -114,11 +121,15 @@ async def start_mixed_node(
         blocking_redis=redis,
         keys=keys,
         executor=executor(redis, keys, pool),
-        ledger=ledger,  # type: ignore[arg-type]
+        ledger=ledger,
         capacity={},
         worker_id=name,
         claim_ttl_s=CLAIM_TTL_S,
         pool=pool,
+        answers=KeepsNoAnswers(),
+        coalescer=NoCoalescer(),
+        tracing=Tracing.off(),
+        local_edge=NoLocalEdge(),
         tiers={"small": [MODEL], "external": [HOSTED]},
         reclaim_idle_s=reclaim_idle_s,
         heartbeat_s=heartbeat_s,
@@ -142,6 +153,23 @@ def mixed_job(
     plan = RoutePlan(tier=tier, deployments=deployments, rule="pin:tier", reason="test")
     base = job(request_id, "edge1", max_tokens=max_tokens, timeout_s=timeout_s)
     return dataclasses.replace(base, plan=plan, stream=stream)
+
+
+def booking_edge(redis: aioredis.Redis, keys: RedisKeys, writer: LedgerWriter) -> Edge:
+    """An edge ``edge1`` as ``tiergate serve`` wires it (its reply reader started): it books what
+    it takes over from a run's note. Close its ``replies`` at the end."""
+    replies = ReplyRouter(redis, keys.replies("edge1"), block_ms=200)
+    replies.start()
+    billing = Billing(PriceBook(PRICES), CATALOG, {})
+    dispatcher = Dispatcher(
+        redis,
+        keys,
+        replies,
+        max_depth=10_000,
+        claim_ttl_s=CLAIM_TTL_S,
+        noted=NotedBooking(redis, keys, billing, writer),
+    )
+    return Edge(dispatcher, replies, "edge1")
 
 
 def edge_estimate(the_job: Job) -> int:
@@ -177,20 +205,23 @@ class Books:
             group=keys.ledger_group,
             consumer="sink",
             ledger=ledger,
+            dead_letters=DeadLetters(ledger.engine),
+            dead_letter_stream=keys.ledger_dead_letters,
         )
         return cls(writer, sink, ledger)
 
     async def row(self, request_id: str, timeout_s: float = 10.0) -> LedgerEntry:
         """The request's row, once the sink has booked it."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        async def read() -> LedgerEntry | None:
             await self.sink.drain()
-            entry = await self.ledger.get(request_id)
-            if entry is not None:
-                return entry
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no ledger row for {request_id}")
-            await asyncio.sleep(0.05)
+            return await self.ledger.get(request_id)
+
+        entry = await value_when(
+            read, lambda found: found is not None, timeout_s, what=f"no ledger row for {request_id}"
+        )
+        assert entry is not None
+        return entry
 
     async def count(self) -> int:
         """Rows booked (every event drained first)."""

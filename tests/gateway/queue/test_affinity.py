@@ -12,14 +12,14 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from backends.openai_http import VLLMBackend
+from backends.scripted import ScriptedBackend
 from gateway.app import create_app
-from gateway.queue.affinity import home_first, home_of
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.dispatcher import Dispatcher
+from gateway.queue.edge.dispatcher import Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
 from gateway.queue.keys import RedisKeys
-from gateway.queue.pool import BackendPool, Replica
-from gateway.queue.replies import ReplyRouter
+from gateway.queue.replicas.affinity import home_first, home_of
+from gateway.queue.replicas.capacity import SlotLeases
+from gateway.queue.replicas.pool import BackendPool, Replica
 from gateway.rules.sticky import conversation_key
 from gateway.services import open_services
 from gateway.settings import load_settings
@@ -29,7 +29,7 @@ from tests.support import free_port, gateway_config
 
 def _replicas(n: int) -> list[Replica]:
     return [
-        Replica(VLLMBackend(name=f"{MODEL}#{i}", base_url="http://x", session=None), 4)  # type: ignore[arg-type]
+        Replica(ScriptedBackend(f"{MODEL}#{i}", []), 4)  # never called: placement only
         for i in range(n)
     ]
 

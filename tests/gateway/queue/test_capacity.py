@@ -6,8 +6,8 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from gateway.queue.capacity import SlotLeases
 from gateway.queue.keys import RedisKeys
+from gateway.queue.replicas.capacity import SlotLeases
 from tests.gateway.queue.conftest import Collect, Edge, gather_calls, job, start_node
 
 

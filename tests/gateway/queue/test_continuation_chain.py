@@ -18,14 +18,14 @@ from backends.errors import ContextLengthExceeded
 from backends.openai_http import VLLMBackend
 from backends.sim import PROFILES, create_sim_app
 from gateway.accounting.prices import PriceBook
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.executor import Executor
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.pool import BackendPool, Replica
+from gateway.queue.replicas.capacity import SlotLeases
+from gateway.queue.replicas.pool import BackendPool, Replica
+from gateway.queue.running.executor import Executor
 from router.catalog import Catalog, DeploymentSpec, Tier
 from router.plan import RoutePlan
-from tests.gateway.queue.conftest import MODEL, job
+from tests.gateway.queue.conftest import MODEL, bare_executor, job
 
 CUT, NARROW, WIDE = "vllm-cut", "vllm-narrow", "vllm-wide"
 
@@ -82,7 +82,7 @@ async def executor(sims: Sims, redis_url: str, key_prefix: str) -> AsyncIterator
     catalog = Catalog(
         tuple(DeploymentSpec(model=n, tier=Tier.SMALL, max_model_len=16384) for n in sims.urls)
     )
-    yield Executor(pool, PriceBook({}), catalog, {})
+    yield bare_executor(pool, catalog, PriceBook({}))
     await pool.aclose()
     await session.close()
     await redis.aclose()

@@ -21,13 +21,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.errors import RateLimited
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.deadline import DeadlineAdmission
-from gateway.queue.dispatcher import Dispatcher
+from gateway.queue.edge.deadline import DeadlineAdmission
+from gateway.queue.edge.dispatcher import Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
+from gateway.queue.edge.snapshot import QueueSnapshot, TierQueue, TierView
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue
-from gateway.queue.replies import ReplyRouter
-from gateway.queue.snapshot import QueueSnapshot, TierQueue, TierView
+from gateway.queue.replicas.capacity import SlotLeases
 from gateway.services import Services
 from router.catalog import Tier
 from router.plan import RoutePlan

@@ -7,13 +7,14 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.direct import DIRECT_LANE, DirectStart
-from gateway.queue.dispatcher import Dispatcher
+from gateway.queue.edge.dispatcher import Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue
-from gateway.queue.replies import ReplyRouter
-from tests.gateway.queue.conftest import MODEL, Collect, job, start_node, until
+from gateway.queue.replicas.capacity import SlotLeases
+from gateway.queue.running.direct import DIRECT_LANE, DirectStart
+from tests.gateway.queue.conftest import MODEL, Collect, job, start_node
+from tests.support import until
 
 
 async def test_a_job_that_need_not_wait_starts_at_once_and_answers_its_waiter_directly(
@@ -37,7 +38,7 @@ async def test_a_job_that_need_not_wait_starts_at_once_and_answers_its_waiter_di
     finally:
         await node.aclose()
     assert final.kind == "result"
-    assert final.meta["deployment"] == MODEL
+    assert final.meta.deployment == MODEL
     assert [e.request_id for e in booked.entries] == ["r1"]
     assert len(sim.served) == 1
     assert await redis_conn.exists(keys.replies("edge1")) == 0  # no reply stream involved
@@ -110,7 +111,7 @@ async def test_a_job_started_at_once_by_a_process_that_died_is_reclaimed_and_run
     finally:
         await survivor.aclose()
     assert [e.request_id for e in booked.entries] == ["r1"]
-    assert await redis_conn.get(keys.claim("small", "r1")) == b"survivor"
+    assert await redis_conn.get(keys.claim("small", "r1")) == b"done:survivor"
 
 
 async def test_a_client_gone_before_its_started_job_runs_is_booked_once_by_the_worker(
@@ -142,4 +143,4 @@ async def test_a_client_gone_before_its_started_job_runs_is_booked_once_by_the_w
         ("r1", "client_disconnected", 499)
     ]
     assert len(sim.served) == 0
-    assert await redis_conn.exists(keys.claim("small", "r1")) == 0  # the edge claimed nothing
+    assert await redis_conn.get(keys.claim("small", "r1")) == b"done:w-local"  # not the edge's

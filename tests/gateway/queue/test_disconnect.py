@@ -8,9 +8,10 @@ import time
 
 import redis.asyncio as aioredis
 
-from gateway.queue.dispatcher import EDGE_CLAIM
+from gateway.queue.edge.dispatcher import EDGE_CLAIM
 from gateway.queue.keys import RedisKeys
-from tests.gateway.queue.conftest import Collect, Edge, job, start_node, until
+from tests.gateway.queue.conftest import Collect, Edge, job, start_node
+from tests.support import until
 
 
 async def test_a_queued_job_whose_client_left_is_never_run(

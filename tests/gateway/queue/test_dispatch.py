@@ -13,22 +13,20 @@ import redis.asyncio as aioredis
 from gateway.accounting.records import LedgerEntry
 from gateway.auth.directory import TenantDirectory
 from gateway.auth.tenants import TenantProfile, TenantRecord
+from gateway.coalescer import NoCoalescer
 from gateway.errors import DeadlineExceeded, RateLimited, ServiceUnavailable
-from gateway.queue.connection import redis_client
-from gateway.queue.dispatcher import EDGE_CLAIM, Dispatcher
-from gateway.queue.executor import Executor
+from gateway.observability.tracing import Tracing
+from gateway.queue.client.connection import redis_client
+from gateway.queue.edge.dispatcher import EDGE_CLAIM, Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.pool import BackendPool
-from gateway.queue.replies import ReplyRouter
-from gateway.queue.worker import Worker
+from gateway.queue.replicas.pool import BackendPool
+from gateway.queue.running.replying import KeepsNoAnswers, NoLocalEdge
+from gateway.queue.running.worker import Worker
 from router.catalog import Catalog, Tier
 from router.plan import RoutePlan
-
-
-class _NoPrices:
-    def cost(self, model: str, usage: object) -> None:
-        return None
+from tests.gateway.queue.conftest import bare_executor
 
 
 class _Collect:
@@ -37,7 +35,13 @@ class _Collect:
     def __init__(self) -> None:
         self.entries: list[LedgerEntry] = []
 
-    async def write(self, entry: LedgerEntry, *, then: Callable[[], None] | None = None) -> None:
+    async def write(
+        self,
+        entry: LedgerEntry,
+        *,
+        then: Callable[[], None] | None = None,
+        sql_fallback: bool = True,
+    ) -> None:
         self.entries.append(entry)
         if then is not None:
             then()
@@ -87,11 +91,16 @@ async def test_deadline_without_worker_is_504_and_the_edge_owns_it(
             redis=redis_conn,
             blocking_redis=redis_conn,
             keys=keys,
-            executor=Executor(BackendPool({}), _NoPrices(), Catalog(()), {}),
-            ledger=booked,  # type: ignore[arg-type]
+            executor=bare_executor(BackendPool({}), Catalog(())),
+            ledger=booked,
             capacity={"small": 2},
             worker_id="w1",
             claim_ttl_s=60,
+            pool=BackendPool({}),
+            answers=KeepsNoAnswers(),
+            coalescer=NoCoalescer(),
+            tracing=Tracing.off(),
+            local_edge=NoLocalEdge(),
         )
         worker.start()
         stream = keys.jobs("small", "standard", "acme")
@@ -119,11 +128,16 @@ async def test_worker_that_claims_first_answers_and_books(
         redis=redis_conn,
         blocking_redis=redis_conn,
         keys=keys,
-        executor=Executor(BackendPool({}), _NoPrices(), Catalog(()), {}),
-        ledger=booked,  # type: ignore[arg-type]
+        executor=bare_executor(BackendPool({}), Catalog(())),
+        ledger=booked,
         capacity={"small": 2},
         worker_id="w2",
         claim_ttl_s=60,
+        pool=BackendPool({}),
+        answers=KeepsNoAnswers(),
+        coalescer=NoCoalescer(),
+        tracing=Tracing.off(),
+        local_edge=NoLocalEdge(),
     )
     worker.start()
     try:
@@ -131,12 +145,12 @@ async def test_worker_that_claims_first_answers_and_books(
         stream = await dispatcher.submit(_job("r2", "e2", timeout_s=5))
         reply: Reply = await anext(stream)
         assert reply.kind == "error"
-        assert reply.meta["status"] == 502
+        assert reply.meta.status == 502
         assert reply.data["error"]["code"] == "upstream_error"
         await asyncio.sleep(0.1)
         assert [e.request_id for e in booked.entries] == ["r2"]
         assert booked.entries[0].outcome == "upstream_error"
-        assert await redis_conn.get(keys.claim("small", "r2")) == b"w2"
+        assert await redis_conn.get(keys.claim("small", "r2")) == b"done:w2"
     finally:
         await worker.aclose()
         await replies.aclose()
@@ -203,3 +217,30 @@ async def test_unreachable_redis_is_503_fast(key_prefix: str) -> None:
         await dispatcher.submit(_job("x", "e4", timeout_s=5))
     assert time.monotonic() - started < 1.0
     await client.aclose()
+
+
+async def test_a_deadline_timer_that_wakes_early_never_takes_a_non_streamed_job_over(
+    redis_conn: aioredis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's clock and the wall clock differ by milliseconds, so the deadline's timer may
+    fire while ``time.time()`` is still short of it. That wake must not run the stream watch on
+    a non-streamed job: a job whose worker died was answered 502 "the worker running the
+    request stopped" at the deadline instead of 504 at the deadline plus the grace (CI)."""
+    wall, start = time.time, time.time()
+    monkeypatch.setattr(  # a wall clock 10 % slower than the loop's: every timer wakes early
+        "gateway.queue.edge.dispatcher.time",
+        type("Slow", (), {"time": staticmethod(lambda: start + (wall() - start) * 0.9)}),
+    )
+    keys = RedisKeys(key_prefix)
+    replies = ReplyRouter(redis_conn, keys.replies("e5"), block_ms=100)
+    replies.start()
+    try:
+        dispatcher = Dispatcher(redis_conn, keys, replies, max_depth=10, claim_ttl_s=60)
+        the_job = _job("r5", "e5", timeout_s=0.3)
+        stream = await dispatcher.submit(the_job)
+        await redis_conn.set(keys.claim("small", "r5"), "w-dead", ex=60)  # no heartbeat
+        with pytest.raises(TimeoutError):  # still waiting: the worker's run books it
+            await asyncio.wait_for(anext(stream), timeout=1.5)
+        assert await redis_conn.get(keys.claim("small", "r5")) == b"w-dead"
+    finally:
+        await replies.aclose()

@@ -29,15 +29,16 @@ from backends.types import Usage
 from gateway.accounting.prices import Price, PriceBook
 from gateway.accounting.records import LedgerEntry, to_micro
 from gateway.observability.tracing import Tracing
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.executor import Executor
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.pool import BackendPool, Replica
+from gateway.queue.replicas.capacity import SlotLeases
+from gateway.queue.replicas.pool import BackendPool, Replica
+from gateway.queue.running.executor import Executor
 from router.catalog import Catalog, DeploymentSpec, Tier
 from router.features import PromptFeatures, estimate_tokens
 from router.plan import RoutePlan
-from tests.gateway.queue.conftest import MODEL, CountingSim, job, until
+from tests.gateway.queue.conftest import MODEL, CountingSim, bare_executor, job
+from tests.support import until
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Accessing the 'model_(computed_)?fields' attribute on the instance is deprecated"
@@ -100,7 +101,7 @@ async def rig(
     )
     spans = InMemorySpanExporter()
     tracing = Tracing.with_exporter(spans, batch=False)
-    executor = Executor(pool, PriceBook(PRICES), catalog, {}, tracing=tracing)
+    executor = bare_executor(pool, catalog, PriceBook(PRICES), tracing=tracing)
     yield Rig(executor, hosted, vllm, tracing, spans)
     await tracing.aclose()
     await pool.aclose()
@@ -269,7 +270,7 @@ async def test_a_hosted_answer_that_cannot_be_read_is_booked_its_estimated_promp
     assert entry.cost_micro_usd == entry.estimated_micro_usd == cost > 0
     assert len(rig.hosted.served) == 1
     (reply,) = replies
-    assert reply.kind == "error" and reply.meta["status"] == 502
+    assert reply.kind == "error" and reply.meta.status == 502
     error = reply.data["error"]
     assert (error["type"], error["code"]) == ("api_error", "upstream_error")
     assert f"{HOSTED}: protocol_error" in error["message"]

@@ -10,7 +10,8 @@ import redis.asyncio as aioredis
 
 from gateway.queue.keys import DIRECT_LANE, RedisKeys
 from gateway.queue.lanes import HANDED_OFF, Handoff, LaneQueue, Taken
-from tests.gateway.queue.conftest import Collect, Edge, gather_calls, job, start_node, until
+from tests.gateway.queue.conftest import Collect, Edge, gather_calls, job, start_node
+from tests.support import until
 
 IDLE_MS = 5_000
 
@@ -134,7 +135,7 @@ async def test_idle_workers_are_handed_jobs_and_capacity_holds(
     assert [r.kind for r, _ in results] == ["result"] * 12
     assert sim.peak <= 2
     assert sorted(e.request_id for e in booked.entries) == sorted(f"r{i}" for i in range(14))
-    assert await redis_conn.get(keys.claim("small", "r13")) == b"w1"
+    assert await redis_conn.get(keys.claim("small", "r13")) == b"done:w1"
     assert await redis_conn.zcard(keys.slots("small", "llama-3.1-8b-instruct#0")) == 0
 
 
@@ -166,5 +167,5 @@ async def test_a_job_handed_to_a_worker_that_died_is_reclaimed_and_run_once(
         await survivor.aclose()
     assert reply.kind == "result"
     assert [e.request_id for e in booked.entries] == ["r1"]
-    assert await redis_conn.get(keys.claim("small", "r1")) == b"survivor"
+    assert await redis_conn.get(keys.claim("small", "r1")) == b"done:survivor"
     assert len(sim.served) == 1

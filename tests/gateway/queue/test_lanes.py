@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from gateway.queue.capacity import SlotLeases
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue, QueueFull
+from gateway.queue.replicas.capacity import SlotLeases
 
 
 async def _put(q: LaneQueue, tenant: str, lane: str, n: int, weight: float = 1.0) -> None:

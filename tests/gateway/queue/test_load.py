@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 
 from backends.openai_http import VLLMBackend
-from gateway.queue.load import LoadScraper, metrics_url, parse_load
-from gateway.queue.pool import Replica
+from gateway.queue.replicas.load import LoadScraper, metrics_url, parse_load
+from gateway.queue.replicas.pool import Replica
 from tests.gateway.queue.conftest import MODEL
 from tests.support import free_port
 

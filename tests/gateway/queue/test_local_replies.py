@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from gateway.queue.edge.replies import ReplyRouter
 from gateway.queue.keys import RedisKeys
-from gateway.queue.replies import ReplyRouter
+from gateway.queue.running.replying import EdgeBeside
 from tests.gateway.queue.conftest import Collect, Edge, job, start_node
 
 
@@ -20,7 +21,7 @@ async def test_a_worker_beside_its_edge_answers_in_memory(
     sim = await start_sim(capacity=4)
     ledger = Collect()
     node = await start_node(
-        redis_conn, keys, [sim], ledger, "w1", local_edge=(edge.edge_id, edge.replies)
+        redis_conn, keys, [sim], ledger, "w1", local_edge=EdgeBeside(edge.edge_id, edge.replies)
     )
     other = ReplyRouter(redis_conn, keys.replies("edge2"), block_ms=200)
     other.start()

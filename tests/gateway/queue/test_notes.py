@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from backends.types import Usage
 from gateway.accounting.records import Attempt
 from gateway.queue.keys import RedisKeys
-from gateway.queue.notes import InFlight, RunNote, RunNotes
+from gateway.queue.ownership.notes import InFlight, RunNote, RunNotes
 from gateway.queue.run import Run
 from router.features import PromptFeatures
 from tests.gateway.queue.conftest import job

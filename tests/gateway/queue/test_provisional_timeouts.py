@@ -12,6 +12,7 @@ budget reserved and settled on the real Redis.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -30,23 +31,26 @@ from gateway.auth.principals import Principal
 from gateway.errors import DeadlineExceeded, GatewayError, RunTimedOut
 from gateway.metrics import Metrics
 from gateway.observability.tracing import Tracing
-from gateway.queue import dispatcher as dispatcher_module
-from gateway.queue.dispatcher import EDGE_CLAIM
+from gateway.queue.edge import dispatcher as dispatcher_module
+from gateway.queue.edge.dispatcher import EDGE_CLAIM
+from gateway.queue.jobs import Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.notes import RunNote
-from gateway.queue.pool import BackendPool
+from gateway.queue.ownership.notes import RunNote
+from gateway.queue.replicas.pool import BackendPool
 from gateway.settings import BudgetSettings
-from tests.gateway.queue.conftest import CountingSim, Edge, job, until
+from tests.gateway.queue.conftest import CountingSim, Edge, job
 from tests.gateway.queue.mixed import (
     HOSTED,
     PRICES,
     Books,
+    booking_edge,
     executor,
     mixed_job,
     set_faults,
     start_mixed_node,
 )
 from tests.gateway.queue.test_reclaimed_attempts import calls, cost
+from tests.support import until, value_when
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Accessing the 'model_(computed_)?fields' attribute on the instance is deprecated"
@@ -74,7 +78,7 @@ async def test_a_started_job_without_an_answer_gets_a_provisional_504(
     edge: Edge, redis_conn: aioredis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker holds the claim (it died with the job): the edge waits its grace, then 504."""
-    monkeypatch.setattr(dispatcher_module, "_RUNNING_GRACE_S", 0.3)
+    monkeypatch.setattr(dispatcher_module, "RUNNING_GRACE_S", 0.3)
     keys = RedisKeys(key_prefix)
     await redis_conn.set(keys.claim("small", "started"), "a-worker-that-died", ex=60)
     started = time.monotonic()
@@ -179,14 +183,13 @@ async def test_a_handed_back_job_the_edge_answered_is_booked_by_the_worker_that_
 
 
 async def _until_replaced(books: Books, request_id: str, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        entry = await books.row(request_id)
-        if entry.superseded_at is not None:
-            return entry
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{request_id}: its provisional row was never replaced")
-        await asyncio.sleep(0.1)
+    return await value_when(
+        lambda: books.row(request_id),
+        lambda entry: entry.superseded_at is not None,
+        timeout_s,
+        what=f"{request_id}: its provisional row was never replaced",
+        every_s=0.1,
+    )
 
 
 async def test_noted_books_the_notes_calls_under_the_answer_the_edge_gave(
@@ -207,3 +210,41 @@ async def test_noted_books_the_notes_calls_under_the_answer_the_edge_gave(
     assert (answered_late.outcome, answered_late.status_code) == ("timeout", 504)
     assert (gone.outcome, gone.status_code) == ("client_disconnected", 499)
     assert answered_late.attempts == (back,) and answered_late.cost_micro_usd == cost(back) > 0
+
+
+async def test_a_stream_under_way_at_its_deadline_books_the_error_event_its_client_got(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    books: Books,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker holds the claim of a stream whose first chunk reached its client, and nothing
+    more reaches the edge by the deadline plus the grace (a killed cluster master held the
+    edge's reply stream). The client gets an error event after its chunks; the edge books that
+    (200, ``stream_error``), provisional, and the run's entry that comes later joins the row
+    keeping the client's part. Before, the edge booked nothing mid-stream and the row was the
+    run's 200/ok."""
+    monkeypatch.setattr(dispatcher_module, "RUNNING_GRACE_S", 0.3)
+    keys = RedisKeys(key_prefix)
+    edge = booking_edge(redis_conn, keys, books.writer)
+    dispatcher, replies = edge.dispatcher, edge.replies
+    the_job = dataclasses.replace(job("cut", "edge1", timeout_s=0.5), stream=True)
+    await redis_conn.set(keys.claim("small", "cut"), "a-live-worker", ex=60)
+    chunk = {"id": "cut", "object": "chat.completion.chunk", "choices": []}
+    try:
+        stream = await dispatcher.submit(the_job)
+        await redis_conn.xadd(keys.replies("edge1"), Reply("cut", "chunk", chunk).fields())
+        assert (await anext(stream)).kind == "chunk"
+        last = await anext(stream)  # at the deadline plus the grace
+        assert (last.kind, last.meta.status) == ("error", 200)
+        assert last.data["error"]["code"] == "stream_error"
+    finally:
+        await replies.aclose()
+    row = await books.row("cut")
+    assert (row.outcome, row.status_code, row.provisional) == ("stream_error", 200, True)
+
+    run = dataclasses.replace(row, outcome="ok", completion_tokens=20, provisional=False)
+    await books.writer.write(run)  # the run's entry, booked after its answer was lost
+    row = await _until_replaced(books, "cut", 10)
+    assert (row.outcome, row.status_code, row.completion_tokens) == ("stream_error", 200, 20)
+    assert await books.count() == 1

@@ -16,7 +16,7 @@ import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 import aiohttp
@@ -24,11 +24,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from backends.types import Usage
-from gateway.accounting.records import Attempt, LedgerEntry, to_micro
+from gateway.accounting.records import NANO, Attempt, LedgerEntry, to_micro, to_nano
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.notes import RunNote
-from tests.gateway.queue.conftest import MODEL, CountingSim, Edge, until
+from gateway.queue.ownership.notes import RunNote
+from tests.gateway.queue.conftest import MODEL, CountingSim, Edge
 from tests.gateway.queue.mixed import (
     HOSTED,
     PRICES,
@@ -40,6 +40,7 @@ from tests.gateway.queue.mixed import (
     set_faults,
     start_mixed_node,
 )
+from tests.support import until
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Accessing the 'model_(computed_)?fields' attribute on the instance is deprecated"
@@ -73,6 +74,15 @@ def cost(*attempts: Attempt) -> int:
         start=Decimal(0),
     )
     return to_micro(total)
+
+
+def budget_cost(*attempts: Attempt) -> int:
+    """What a budget's ``spent`` gets for ``attempts``: their cost rounded up to the micro."""
+    total = sum(
+        (PRICES[a.deployment].cost(Usage(a.prompt_tokens, a.completion_tokens)) for a in attempts),
+        start=Decimal(0),
+    )
+    return to_micro(to_nano(total) * NANO, rounding=ROUND_CEILING)
 
 
 def calls(entry: LedgerEntry) -> list[tuple[str, str, bool]]:
@@ -148,7 +158,7 @@ async def test_a_dead_workers_calls_are_booked_by_the_run_that_finishes_its_job(
     assert entry.completion_tokens == ok.completion_tokens
     assert entry.cost_micro_usd == cost(lost, ok) > cost(ok) > 0
     assert entry.estimated_micro_usd == cost(lost) > 0
-    assert reply.meta["cost_usd"] == str(entry.cost_usd)  # the client is told the same
+    assert reply.meta.cost_usd == entry.cost_usd  # the client is told the same
     assert await books.count() == 1
 
 

@@ -10,13 +10,13 @@ from prometheus_client import generate_latest
 
 from gateway.errors import RateLimited
 from gateway.metrics import Metrics
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.dispatcher import Dispatcher
+from gateway.queue.edge.dispatcher import Dispatcher
+from gateway.queue.edge.replies import ReplyRouter
+from gateway.queue.edge.signals import publish_queue_metrics
+from gateway.queue.edge.snapshot import QueueSnapshot, TierQueue
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue
-from gateway.queue.replies import ReplyRouter
-from gateway.queue.signals import publish_queue_metrics
-from gateway.queue.snapshot import QueueSnapshot, TierQueue
+from gateway.queue.replicas.capacity import SlotLeases
 from router.catalog import Tier
 from tests.gateway.queue.conftest import job
 

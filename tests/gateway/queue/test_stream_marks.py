@@ -15,13 +15,13 @@ import redis.asyncio as aioredis
 from backends.openai_http import VLLMBackend
 from gateway.coalescer import Coalescer
 from gateway.faults.marks import StreamMarks
-from gateway.queue.capacity import SlotLeases
-from gateway.queue.executor import Executor
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
-from gateway.queue.pool import BackendPool, Replica
+from gateway.queue.replicas.capacity import SlotLeases
+from gateway.queue.replicas.pool import BackendPool, Replica
+from gateway.queue.running.executor import Executor
 from router.catalog import Catalog, DeploymentSpec, Tier
-from tests.gateway.queue.conftest import MODEL, CountingSim, NoPrices, job
+from tests.gateway.queue.conftest import MODEL, CountingSim, bare_executor, job
 
 
 @dataclasses.dataclass
@@ -56,7 +56,7 @@ async def rig(
     coalescer = Coalescer(redis_conn)
     marks = StreamMarks(redis_conn, key_prefix, coalescer=coalescer)
     catalog = Catalog((DeploymentSpec(model=MODEL, tier=Tier.SMALL, max_model_len=16384),))
-    executor = Executor(pool, NoPrices(), catalog, {}, stream_marks=marks)
+    executor = bare_executor(pool, catalog, stream_marks=marks)
     yield Rig(executor, marks, coalescer, redis_conn, sim, key_prefix)
     await coalescer.aclose()
     await pool.aclose()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.queue.connection import redis_client
+from gateway.queue.client.connection import redis_client
 from gateway.rules.registry import RuleRegistry
 from gateway.rules.setup import changes_channel
 from gateway.rules.sticky import StickyConversations, conversation_key
