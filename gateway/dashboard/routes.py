@@ -49,6 +49,12 @@ async def dashboard_css() -> Response:
     return Response(_asset("dashboard.css"), media_type="text/css", headers=_HEADERS)
 
 
+@router.get("/dashboard/session.js", dependencies=[access(PUBLIC)], include_in_schema=False)
+async def session_js() -> Response:
+    """What both pages share: the signed-in key, sign-in states, the link's filters, money."""
+    return Response(_asset("session.js"), media_type="text/javascript", headers=_HEADERS)
+
+
 @router.get("/dashboard/rules", dependencies=[access(PUBLIC)], include_in_schema=False)
 async def rules_console() -> HTMLResponse:
     """The rules console: the same sign-in, the rules API's scoping (docs/rules.md)."""

@@ -6,24 +6,8 @@
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
   "#ff9da7", "#9c755f", "#bab0ac"];
-const $ = (id) => document.getElementById(id);
 const state = { key: null, scoped: null };
 
-function money(text) {
-  // Cents from a cent up; below, the first two significant digits (to the nano-dollar), so a
-  // trial's $0.000042 is never shown as $0.00.
-  const n = Number(text);
-  const size = Math.abs(n);
-  const sign = n < 0 ? "-$" : "$";
-  if (size === 0) return "$0.00";
-  if (size >= 0.005) {
-    return sign + size.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
-  }
-  const digits = Math.min(Math.max(1 - Math.floor(Math.log10(size)), 2), 9);
-  return sign + size.toFixed(digits);
-}
-
-const DAY_MS = 86400000;
 function dayNumber(day) { return Math.round(Date.parse(`${day}T00:00:00Z`) / DAY_MS); }
 function dayText(n) { return new Date(n * DAY_MS).toISOString().slice(0, 10); }
 
@@ -74,8 +58,6 @@ function filters() {
   const tenant = state.scoped ? null : $("tenant").value.trim() || null;
   return { from: $("from").value, to: $("to").value, tenant, app: $("app-filter").value.trim() || null };
 }
-
-function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
 
 function legend(container, names) {
   const div = document.createElement("div");
@@ -313,7 +295,7 @@ async function loadBudgets(f) {
   const wide = data.budgets.find((b) => !b.app && !b.tag);
   if (!wide) return;
   const from = wide.window_start.slice(0, 10);
-  const last = new Date(Date.parse(wide.window_end) - 86400000).toISOString().slice(0, 10);
+  const last = new Date(Date.parse(wide.window_end) - DAY_MS).toISOString().slice(0, 10);
   const days = await (await api("/v1/reports/costs",
     { from, to: last, tenant: wide.tenant, group_by: "day" })).json();
   let sum = 0;
@@ -361,33 +343,18 @@ async function signIn(key) {
       ? "This key cannot read cost reports." : error.message;
     return;
   }
-  sessionStorage.setItem("tiergate-key", key);
-  $("signin").hidden = true;
-  $("app").hidden = false;
-  $("signout").hidden = false;
   $("tenant-label").hidden = Boolean(state.scoped);
-  $("who").textContent = state.scoped ? `tenant ${state.scoped}` : "all tenants (finance/admin)";
+  showSignedIn(key, state.scoped ? `tenant ${state.scoped}` : "all tenants (finance/admin)");
   await refresh();
 }
 
 function signOut() {
-  sessionStorage.removeItem("tiergate-key");
   state.key = null;
-  $("app").hidden = true;
-  $("signin").hidden = false;
-  $("signout").hidden = true;
-  $("who").textContent = "";
+  showSignedOut();
 }
 
 function init() {
-  const today = new Date();
-  const start = new Date(today.getTime() - 29 * 86400000);
-  $("to").value = today.toISOString().slice(0, 10);
-  $("from").value = start.toISOString().slice(0, 10);
-  const params = new URLSearchParams(location.hash.slice(1));
-  for (const name of ["from", "to", "tenant"]) if (params.get(name)) $(name).value = params.get(name);
-  const key = params.get("key") || sessionStorage.getItem("tiergate-key");
-  if (params.get("key")) history.replaceState(null, "", location.pathname);  // keep keys out of history
+  const key = startPage(30);
   $("signin-form").addEventListener("submit", (e) => { e.preventDefault(); signIn($("key").value); });
   $("filters").addEventListener("submit", (e) => { e.preventDefault(); refresh(); });
   $("split").addEventListener("change", refresh);

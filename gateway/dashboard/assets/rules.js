@@ -4,17 +4,8 @@
 // the API is inserted as text, never as HTML: rule files, ids and descriptions come from users.
 "use strict";
 
-const $ = (id) => document.getElementById(id);
 const state = { key: null, own: null, tenant: null, canWrite: false, active: null, timer: null,
   draftValid: false };
-
-function money(text) {
-  if (text === null || text === undefined) return "–";
-  const n = Number(text);
-  const digits = Math.abs(n) > 0 && Math.abs(n) < 0.01 ? 6 : 2;
-  return (n < 0 ? "-$" : "$") + Math.abs(n).toLocaleString("en-US",
-    { minimumFractionDigits: digits, maximumFractionDigits: digits });
-}
 
 function pct(share) { return share === null || share === undefined ? "–" : `${(share * 100).toFixed(1)}%`; }
 
@@ -26,8 +17,6 @@ function node(tag, text, attrs) {
   }
   return el;
 }
-
-function clear(el) { while (el.firstChild) el.removeChild(el.firstChild); }
 
 async function api(path, options) {
   const opts = options || {};
@@ -360,37 +349,23 @@ async function signIn(key) {
       ? "This key cannot read routing rules." : error.message;
     return;
   }
-  sessionStorage.setItem("tiergate-key", key);
   state.own = list.tenant;
   const names = list.data.map((d) => d.tenant);
   clear($("tenants"));
   for (const name of names) $("tenants").appendChild(node("option", null, { value: name }));
   if (!state.own && !$("tenant").value) $("tenant").value = names.find((n) => n !== "_global") || "";
   $("tenant-label").hidden = Boolean(state.own);
-  $("signin").hidden = true;
-  $("app").hidden = false;
-  $("signout").hidden = false;
-  $("who").textContent = `${list.principal}${state.own ? ` · tenant ${state.own}` : " · every tenant"}`;
+  showSignedIn(key, `${list.principal}${state.own ? ` · tenant ${state.own}` : " · every tenant"}`);
   await load();
 }
 
 function signOut() {
-  sessionStorage.removeItem("tiergate-key");
   state.key = null;
-  $("app").hidden = true;
-  $("signin").hidden = false;
-  $("signout").hidden = true;
-  $("who").textContent = "";
+  showSignedOut();
 }
 
 function init() {
-  const today = new Date();
-  $("to").value = today.toISOString().slice(0, 10);
-  $("from").value = new Date(today.getTime() - 6 * 86400000).toISOString().slice(0, 10);
-  const params = new URLSearchParams(location.hash.slice(1));
-  for (const name of ["from", "to", "tenant"]) if (params.get(name)) $(name).value = params.get(name);
-  const key = params.get("key") || sessionStorage.getItem("tiergate-key");
-  if (params.get("key")) history.replaceState(null, "", location.pathname);  // keep keys out of history
+  const key = startPage(7);
   $("signin-form").addEventListener("submit", (e) => { e.preventDefault(); signIn($("key").value); });
   $("filters").addEventListener("submit", (e) => { e.preventDefault(); load(); });
   $("source").addEventListener("input", () => { if (state.canWrite) scheduleValidate(); });

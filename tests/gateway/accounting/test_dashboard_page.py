@@ -25,13 +25,19 @@ async def test_page_and_assets_are_local_only(client: httpx.AsyncClient) -> None
     page = await client.get("/dashboard")
     assert page.status_code == 200
     assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert '<script src="/dashboard/session.js"' in page.text
     assert '<script src="/dashboard/app.js"' in page.text
-    for path in ("/dashboard/app.js", "/dashboard/app.css"):
+    rules = await client.get("/dashboard/rules")
+    assert '<script src="/dashboard/session.js"' in rules.text
+    scripts = ("/dashboard/session.js", "/dashboard/app.js", "/dashboard/rules.js")
+    for path in (*scripts, "/dashboard/app.css", "/dashboard/rules.css"):
         asset = await client.get(path)
         assert asset.status_code == 200
+        assert "default-src 'none'" in asset.headers["content-security-policy"]
         urls = set(re.findall(r"https?://[^\s\"'`)]+", asset.text))
         assert urls <= {"http://www.w3.org/2000/svg"}, urls
-    assert "innerHTML" not in (await client.get("/dashboard/app.js")).text
+    for path in scripts:
+        assert "innerHTML" not in (await client.get(path)).text
 
 
 async def test_the_page_shows_the_estimated_share_per_tenant(client: httpx.AsyncClient) -> None:
