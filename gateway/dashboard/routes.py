@@ -6,10 +6,11 @@ policy allows only this origin."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from importlib.resources import files
 
 from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import Response
 
 from gateway.api.access import PUBLIC, access
 
@@ -30,42 +31,32 @@ _HEADERS = {
 }
 
 
-def _asset(name: str) -> str:
-    return (_ASSETS / name).read_text(encoding="utf-8")
+_FILES = {  # path: (asset, media type)
+    "/dashboard": ("dashboard.html", "text/html"),
+    "/dashboard/app.js": ("dashboard.js", "text/javascript"),
+    "/dashboard/app.css": ("dashboard.css", "text/css"),
+    # what both pages share: the signed-in key, sign-in states, the link's filters, money
+    "/dashboard/session.js": ("session.js", "text/javascript"),
+    # the rules console: the same sign-in, the rules API's scoping (docs/rules.md)
+    "/dashboard/rules": ("rules.html", "text/html"),
+    "/dashboard/rules.js": ("rules.js", "text/javascript"),
+    "/dashboard/rules.css": ("rules.css", "text/css"),
+}
 
 
-@router.get("/dashboard", dependencies=[access(PUBLIC)], include_in_schema=False)
-async def dashboard() -> HTMLResponse:
-    return HTMLResponse(_asset("dashboard.html"), headers=_HEADERS)
+def _serves(name: str, media_type: str) -> Callable[[], Awaitable[Response]]:
+    async def serve() -> Response:
+        body = (_ASSETS / name).read_text(encoding="utf-8")
+        return Response(body, media_type=media_type, headers=_HEADERS)
+
+    return serve
 
 
-@router.get("/dashboard/app.js", dependencies=[access(PUBLIC)], include_in_schema=False)
-async def dashboard_js() -> Response:
-    return Response(_asset("dashboard.js"), media_type="text/javascript", headers=_HEADERS)
-
-
-@router.get("/dashboard/app.css", dependencies=[access(PUBLIC)], include_in_schema=False)
-async def dashboard_css() -> Response:
-    return Response(_asset("dashboard.css"), media_type="text/css", headers=_HEADERS)
-
-
-@router.get("/dashboard/session.js", dependencies=[access(PUBLIC)], include_in_schema=False)
-async def session_js() -> Response:
-    """What both pages share: the signed-in key, sign-in states, the link's filters, money."""
-    return Response(_asset("session.js"), media_type="text/javascript", headers=_HEADERS)
-
-
-@router.get("/dashboard/rules", dependencies=[access(PUBLIC)], include_in_schema=False)
-async def rules_console() -> HTMLResponse:
-    """The rules console: the same sign-in, the rules API's scoping (docs/rules.md)."""
-    return HTMLResponse(_asset("rules.html"), headers=_HEADERS)
-
-
-@router.get("/dashboard/rules.js", dependencies=[access(PUBLIC)], include_in_schema=False)
-async def rules_console_js() -> Response:
-    return Response(_asset("rules.js"), media_type="text/javascript", headers=_HEADERS)
-
-
-@router.get("/dashboard/rules.css", dependencies=[access(PUBLIC)], include_in_schema=False)
-async def rules_console_css() -> Response:
-    return Response(_asset("rules.css"), media_type="text/css", headers=_HEADERS)
+for _path, (_name, _media_type) in _FILES.items():
+    router.add_api_route(
+        _path,
+        _serves(_name, _media_type),
+        methods=["GET"],
+        dependencies=[access(PUBLIC)],
+        include_in_schema=False,
+    )

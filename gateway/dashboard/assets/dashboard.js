@@ -6,7 +6,7 @@
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
   "#ff9da7", "#9c755f", "#bab0ac"];
-const state = { key: null, scoped: null };
+const state = { scoped: null };
 
 function dayNumber(day) { return Math.round(Date.parse(`${day}T00:00:00Z`) / DAY_MS); }
 function dayText(n) { return new Date(n * DAY_MS).toISOString().slice(0, 10); }
@@ -43,7 +43,7 @@ function el(tag, attrs, text) {
 async function api(path, params) {
   const query = new URLSearchParams();
   for (const [k, v] of Object.entries(params || {})) if (v) query.set(k, v);
-  const response = await fetch(`${path}?${query}`, { headers: { authorization: `Bearer ${state.key}` } });
+  const response = await fetch(`${path}?${query}`, { headers: { authorization: `Bearer ${session.key}` } });
   if (!response.ok) {
     let message = `${response.status}`;
     try { message = (await response.json()).error.message; } catch (_) { /* not JSON */ }
@@ -332,13 +332,13 @@ async function downloadCsv() {
 }
 
 async function signIn(key) {
-  state.key = key;
+  session.key = key;
   $("signin-error").textContent = "";
   try {
     const probe = await (await api("/v1/reports/costs", { group_by: "tenant", from: $("from").value })).json();
     state.scoped = probe.tenant;
   } catch (error) {
-    state.key = null;
+    session.key = null;
     $("signin-error").textContent = error.status === 401 || error.status === 403
       ? "This key cannot read cost reports." : error.message;
     return;
@@ -348,18 +348,11 @@ async function signIn(key) {
   await refresh();
 }
 
-function signOut() {
-  state.key = null;
-  showSignedOut();
-}
-
 function init() {
-  const key = startPage(30);
-  $("signin-form").addEventListener("submit", (e) => { e.preventDefault(); signIn($("key").value); });
+  const key = startPage(30, signIn);
   $("filters").addEventListener("submit", (e) => { e.preventDefault(); refresh(); });
   $("split").addEventListener("change", refresh);
   $("csv").addEventListener("click", downloadCsv);
-  $("signout").addEventListener("click", signOut);
   if (key) signIn(key);
 }
 

@@ -4,7 +4,7 @@
 // the API is inserted as text, never as HTML: rule files, ids and descriptions come from users.
 "use strict";
 
-const state = { key: null, own: null, tenant: null, canWrite: false, active: null, timer: null,
+const state = { own: null, tenant: null, canWrite: false, active: null, timer: null,
   draftValid: false };
 
 function pct(share) { return share === null || share === undefined ? "–" : `${(share * 100).toFixed(1)}%`; }
@@ -22,7 +22,7 @@ async function api(path, options) {
   const opts = options || {};
   const query = new URLSearchParams();
   for (const [k, v] of Object.entries(opts.params || {})) if (v) query.set(k, v);
-  const headers = { authorization: `Bearer ${state.key}` };
+  const headers = { authorization: `Bearer ${session.key}` };
   let body = opts.body;
   if (opts.json !== undefined) { body = JSON.stringify(opts.json); headers["content-type"] = "application/json"; }
   const response = await fetch(`${path}${query.toString() ? `?${query}` : ""}`,
@@ -338,13 +338,13 @@ async function load() {
 }
 
 async function signIn(key) {
-  state.key = key;
+  session.key = key;
   $("signin-error").textContent = "";
   let list;
   try {
     list = await api("/v1/rules");
   } catch (error) {
-    state.key = null;
+    session.key = null;
     $("signin-error").textContent = error.status === 401 || error.status === 403
       ? "This key cannot read routing rules." : error.message;
     return;
@@ -359,14 +359,8 @@ async function signIn(key) {
   await load();
 }
 
-function signOut() {
-  state.key = null;
-  showSignedOut();
-}
-
 function init() {
-  const key = startPage(7);
-  $("signin-form").addEventListener("submit", (e) => { e.preventDefault(); signIn($("key").value); });
+  const key = startPage(7, signIn);
   $("filters").addEventListener("submit", (e) => { e.preventDefault(); load(); });
   $("source").addEventListener("input", () => { if (state.canWrite) scheduleValidate(); });
   $("source").addEventListener("scroll", () => { $("gutter").scrollTop = $("source").scrollTop; });
@@ -374,7 +368,6 @@ function init() {
   $("revert").addEventListener("click", () => { $("source").value = state.active.source || "rules: []\n"; validate(); });
   $("play-form").addEventListener("submit", (e) => { e.preventDefault(); explain(); });
   $("whatif-form").addEventListener("submit", (e) => { e.preventDefault(); whatIf(); });
-  $("signout").addEventListener("click", signOut);
   if (key) signIn(key);
 }
 

@@ -7,6 +7,7 @@
 const $ = (id) => document.getElementById(id);
 const KEY_ITEM = "tiergate-key";
 const DAY_MS = 86400000;
+const session = { key: null };  // the key the page's API calls send
 
 function money(text) {
   // Cents from a cent up; below, the first two significant digits (to the nano-dollar), so a
@@ -41,10 +42,17 @@ function showSignedOut() {
   $("who").textContent = "";
 }
 
-function startPage(days) {
+function signOut() {
+  session.key = null;
+  showSignedOut();
+}
+
+function startPage(days, signIn) {
   // The date range's default (the last `days` days, today included), then the filters the
-  // link's #hash names; returns the key to sign in with (the link's, else this tab's), and
-  // takes a key in the link out of the history.
+  // link's #hash names; the sign-in form and the sign-out button. Returns the key to sign in
+  // with (the link's, else this tab's), and takes a key in the link out of the history.
+  $("signin-form").addEventListener("submit", (e) => { e.preventDefault(); signIn($("key").value); });
+  $("signout").addEventListener("click", signOut);
   const today = new Date();
   $("to").value = today.toISOString().slice(0, 10);
   $("from").value = new Date(today.getTime() - (days - 1) * DAY_MS).toISOString().slice(0, 10);
