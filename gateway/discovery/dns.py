@@ -15,6 +15,7 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 
+from gateway.discovery.first_answer import FirstAnswer
 from gateway.discovery.members import Member, pod_member
 from gateway.loops import Loop
 from gateway.settings import DeploymentSettings
@@ -41,7 +42,7 @@ class DnsSource:
         self._port = dep.discovery.port
         self._scheme = dep.discovery.scheme
         self._on_members = on_members
-        self._synced = asyncio.Event()
+        self._synced = FirstAnswer()
         self._loop = Loop(
             f"discovery-{dep.model}", self.refresh, every_s=dep.discovery.dns_interval_s
         )
@@ -77,11 +78,8 @@ class DnsSource:
         self._loop.start()
 
     async def synced(self, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self._synced.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        """Wait until the first lookup is in (``False``: not within ``timeout_s``)."""
+        return await self._synced.wait(timeout_s)
 
     async def aclose(self) -> None:
         await self._loop.aclose()

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
+from gateway.discovery.first_answer import FirstAnswer
 from gateway.discovery.members import Member, pod_member
 from gateway.settings import DeploymentSettings, KubernetesSettings
 from gateway.tasks import stop_task
@@ -108,7 +109,7 @@ class EndpointSliceSource:
         self._session = session
         self._on_members = on_members
         self._slices: dict[str, list[_Endpoint]] = {}
-        self._synced = asyncio.Event()
+        self._synced = FirstAnswer()
         self._task: asyncio.Task[None] | None = None
         self._ssl: ssl.SSLContext | None = None
         if api.api_url.startswith("https://"):
@@ -229,11 +230,7 @@ class EndpointSliceSource:
 
     async def synced(self, timeout_s: float) -> bool:
         """Wait until the first list is in (``False``: not within ``timeout_s``)."""
-        try:
-            await asyncio.wait_for(self._synced.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await self._synced.wait(timeout_s)
 
     async def aclose(self) -> None:
         if self._task is not None:
