@@ -9,6 +9,7 @@ wherever the directory is reloaded, without a restart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gateway.auth.tenants import TenantProfile
 from gateway.limits.rate import TenantRates
@@ -26,21 +27,37 @@ class TenantTerms:
     """Deployment the ledger's baseline cost is priced on; ``None``: unknown (rows flagged)."""
 
 
+class _TenantFields(Protocol):
+    """What a config-file tenant (``TenantSettings``) and a run-time one (``TenantProfile``)
+    both say of the terms, each field meaning the same in both."""
+
+    @property
+    def weight(self) -> float: ...
+    @property
+    def requests_per_minute(self) -> int | None: ...
+    @property
+    def tokens_per_minute(self) -> int | None: ...
+    @property
+    def baseline_model(self) -> str | None: ...
+
+
 def terms_from_settings(tenant: TenantSettings, default_baseline: str | None) -> TenantTerms:
-    return TenantTerms(
-        weight=tenant.weight,
-        rates=TenantRates(tenant.requests_per_minute, tenant.tokens_per_minute),
-        budgets=tenant.budgets,
-        baseline_model=_or(tenant.baseline_model, default_baseline),
-    )
+    return _terms(tenant, tenant.budgets, default_baseline)
 
 
 def terms_from_profile(profile: TenantProfile, default_baseline: str | None) -> TenantTerms:
+    return _terms(profile, profile.all_budgets, default_baseline)
+
+
+def _terms(
+    tenant: _TenantFields, budgets: tuple[BudgetSettings, ...], default_baseline: str | None
+) -> TenantTerms:
+    """``budgets``: all of them (a profile's ``monthly_budget_usd`` is one)."""
     return TenantTerms(
-        weight=profile.weight,
-        rates=TenantRates(profile.requests_per_minute, profile.tokens_per_minute),
-        budgets=profile.all_budgets,
-        baseline_model=_or(profile.baseline_model, default_baseline),
+        weight=tenant.weight,
+        rates=TenantRates(tenant.requests_per_minute, tenant.tokens_per_minute),
+        budgets=budgets,
+        baseline_model=_or(tenant.baseline_model, default_baseline),
     )
 
 
