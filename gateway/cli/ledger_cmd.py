@@ -8,11 +8,14 @@ import csv
 import io
 import json
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import redis.asyncio as aioredis
 import typer
 from rich.console import Console
 
@@ -155,6 +158,22 @@ def _day(text: str | None) -> date | None:
     return date.fromisoformat(text) if text else None
 
 
+@asynccontextmanager
+async def _ledger_and_redis(
+    settings: Settings,
+) -> AsyncIterator[tuple[SqlLedger, aioredis.Redis | None]]:
+    """The ledger, and Redis when the config names one (``None`` otherwise); both closed on
+    the way out."""
+    ledger = await SqlLedger.connect(settings.database.url)
+    redis = configured_client(settings.redis, socket_timeout=5.0) if settings.redis.url else None
+    try:
+        yield ledger, redis
+    finally:
+        await ledger.aclose()
+        if redis is not None:
+            await redis.aclose()
+
+
 def gpu_pool_costs(settings: Settings) -> dict[str, Decimal]:
     """Pool $/h of every GPU-priced deployment."""
     prices = PriceBook.from_settings(settings.deployments, cost_map={})
@@ -171,11 +190,7 @@ def rollup(
     settings = load_settings(config)
 
     async def run() -> None:
-        ledger = await SqlLedger.connect(settings.database.url)
-        redis = (
-            configured_client(settings.redis, socket_timeout=5.0) if settings.redis.url else None
-        )
-        try:
+        async with _ledger_and_redis(settings) as (ledger, redis):
             target = _day(day) or datetime.now(UTC).date()
             running = {}  # the replica time the gateway recorded that day (Redis)
             if redis is not None:
@@ -183,10 +198,6 @@ def rollup(
                 rates = GpuRates(redis, settings.redis.key_prefix, prices.gpu_pools)
                 running = await replica_time(rates, target)
             result = await rollup_day(ledger, target, gpu=gpu_pool_costs(settings), running=running)
-        finally:
-            await ledger.aclose()
-            if redis is not None:
-                await redis.aclose()
         typer.echo(
             f"{result.day}: {result.groups} rollup groups, {result.trueup_rows} true-up rows"
         )
@@ -222,11 +233,7 @@ def verify(
     settings = load_settings(config)
 
     async def run() -> VerifyReport:
-        ledger = await SqlLedger.connect(settings.database.url)
-        redis = (
-            configured_client(settings.redis, socket_timeout=5.0) if settings.redis.url else None
-        )
-        try:
+        async with _ledger_and_redis(settings) as (ledger, redis):
             return await verify_ledger(
                 ledger,
                 start=_day(since),
@@ -234,10 +241,6 @@ def verify(
                 redis=redis,
                 stream=RedisKeys(settings.redis.key_prefix).ledger_events,
             )
-        finally:
-            await ledger.aclose()
-            if redis is not None:
-                await redis.aclose()
 
     report = asyncio.run(run())
     if settings.redis.url is None:
