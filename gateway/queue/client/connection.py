@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypedDict, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import (
@@ -94,6 +94,30 @@ _TIMED: dict[type[AbstractConnection], type[AbstractConnection]] = {
 }
 
 
+class _FailFast(TypedDict):
+    """The connection options of every client here, whatever the topology."""
+
+    max_connections: int
+    socket_timeout: float | None
+    socket_connect_timeout: float
+    retry: Retry
+    health_check_interval: int
+
+
+def _failing_fast(
+    socket_timeout: float | None, connect_timeout: float, max_connections: int, *, retries: int = 0
+) -> _FailFast:
+    """Waits bounded by the timeouts, no retry beyond ``retries`` (a command that fails is the
+    caller's to retry or not), no health-check round trip before a command."""
+    return _FailFast(
+        max_connections=max_connections,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=connect_timeout,
+        retry=Retry(NoBackoff(), retries),
+        health_check_interval=0,
+    )
+
+
 def redis_client(
     url: str,
     *,
@@ -125,22 +149,14 @@ def redis_client(
         master: aioredis.Redis = sentinel.master_for(
             sentinel_master,
             redis_class=_SentinelMaster,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-            max_connections=max_connections,
+            **_failing_fast(socket_timeout, connect_timeout, max_connections),
             **options,
         )
         return master
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
-        max_connections=max_connections,
         timeout=socket_timeout if socket_timeout is not None else 5.0,
-        socket_connect_timeout=connect_timeout,
-        socket_timeout=socket_timeout,
-        retry=Retry(NoBackoff(), 0),
-        health_check_interval=0,
+        **_failing_fast(socket_timeout, connect_timeout, max_connections),
     )
     pool.connection_class = _TIMED.get(pool.connection_class, pool.connection_class)
     return aioredis.Redis.from_pool(pool)  # the client owns the pool: closed with it
@@ -153,12 +169,7 @@ def _cluster_client(
     followed at once; a node that does not answer is not retried here (the caller's own policy
     decides, as with one server), but the next command asks the cluster for its slots again."""
     client = ScriptingCluster.from_url(
-        url,
-        max_connections=max_connections,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=connect_timeout,
-        retry=Retry(NoBackoff(), 1),
-        health_check_interval=0,
+        url, **_failing_fast(socket_timeout, connect_timeout, max_connections, retries=1)
     )
     # The nodes' connections send as the standalone client's do (``_TimedSend``); the nodes
     # the client discovers later take the class from the manager's keyword arguments.
