@@ -82,8 +82,13 @@ class EntryWriter(Protocol):
 
 @dataclass(slots=True)
 class _Finishing:
-    """How far ``Worker._finish`` got."""
+    """A job's end as ``Worker._finish`` goes through it: what it books and answers, and how
+    far it got."""
 
+    taken: Taken
+    job: Job
+    entry: LedgerEntry
+    answer: Reply | None
     booked: bool = False
     acked: bool = False
     answered: bool = False
@@ -534,7 +539,7 @@ class Worker:
         if answer is not None:
             await self._replies.remember(job, answer)
         stream = self._replies.through_stream(job, deliver) if answer is not None else None
-        done = _Finishing()
+        done = _Finishing(taken, job, entry, answer)
         give_up_at = job.deadline + RUNNING_GRACE_S + _FINISH_MARGIN_S
         try:
             async for attempt in AsyncRetrying(
@@ -544,30 +549,23 @@ class Worker:
                 reraise=True,
             ):
                 with attempt:
-                    await self._finish_once(taken, job, entry, stream, answer, done)
+                    await self._finish_once(done, stream)
         except (RedisError, OSError) as exc:
             log.warning(
                 "job %s: queue unavailable at its end (%s); booked in SQL",
                 job.request_id, type(exc).__name__,
             )  # fmt: skip
-            await self._finish_without_redis(taken, job, entry, answer, send, done)
+            await self._finish_without_redis(done, send)
             return done.acked
         if answer is not None and stream is None:
             await send(answer)  # in memory (or its edge stopped waiting here: the stream)
         return done.acked
 
-    async def _finish_once(
-        self,
-        taken: Taken,
-        job: Job,
-        entry: LedgerEntry,
-        stream: str | None,
-        answer: Reply | None,
-        done: _Finishing,
-    ) -> None:
+    async def _finish_once(self, done: _Finishing, stream: str | None) -> None:
         """One try of ``_finish``'s pipeline, for what is not done yet."""
         after: list[asyncio.Future[Any]] = []
         steps: list[Callable[[Pipeline], None]] = []
+        taken, job, answer = done.taken, done.job, done.answer
         if not done.acked:
             steps.append(lambda pipe: self._claims.finish(pipe, taken, job))
         if stream is not None and answer is not None and not done.answered:
@@ -580,7 +578,7 @@ class Worker:
 
         try:
             if not done.booked:
-                await self._ledger.write(entry, then=queue_behind, sql_fallback=False)
+                await self._ledger.write(done.entry, then=queue_behind, sql_fallback=False)
                 done.booked = True
             if after:
                 for future in after:
@@ -597,25 +595,19 @@ class Worker:
         done.acked = done.answered = True
 
     async def _finish_without_redis(
-        self,
-        taken: Taken,
-        job: Job,
-        entry: LedgerEntry,
-        answer: Reply | None,
-        send: Callable[[Reply], Awaitable[None]],
-        done: _Finishing,
+        self, done: _Finishing, send: Callable[[Reply], Awaitable[None]]
     ) -> None:
         if not done.booked:
             try:
-                await self._ledger.write(entry)  # to SQL, Redis being down
+                await self._ledger.write(done.entry)  # to SQL, Redis being down
             except (RedisError, SQLAlchemyError, OSError):
-                log.exception("job %s could not be booked anywhere", job.request_id)
-        if answer is not None:
+                log.exception("job %s could not be booked anywhere", done.job.request_id)
+        if done.answer is not None:
             with contextlib.suppress(RedisError, OSError):
-                await send(answer)  # its edge has answered 504 by now: dropped there
+                await send(done.answer)  # its edge has answered 504 by now: dropped there
         with contextlib.suppress(RedisError, OSError):
             async with self._redis.pipeline(transaction=False) as pipe:
-                self._claims.finish(pipe, taken, job)
+                self._claims.finish(pipe, done.taken, done.job)
                 await pipe.execute()
             done.acked = True
 
