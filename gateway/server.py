@@ -158,6 +158,20 @@ def _uvicorn_config(
     )
 
 
+def _admin_server(services: Services, settings: Settings) -> _Server:
+    """The admin port's server (health, metrics, the admin API), alike in every process."""
+    return _Server(
+        _uvicorn_config(
+            create_admin_app(services),
+            settings.server.admin_host,
+            settings.server.admin_port,
+            max_header_bytes=settings.limits.max_header_bytes,
+            head_timeout_s=settings.server.head_timeout_s,
+            body_timeout_s=settings.server.body_timeout_s,
+        )
+    )
+
+
 async def serve(settings: Settings, *, dev: bool, workers: bool) -> None:
     async with open_services(settings, dev=dev, workers=workers) as services:
         public = _Server(
@@ -172,16 +186,7 @@ async def serve(settings: Settings, *, dev: bool, workers: bool) -> None:
                 drain_s=settings.server.drain_s + ANSWER_S,
             )
         )
-        admin = _Server(
-            _uvicorn_config(
-                create_admin_app(services),
-                settings.server.admin_host,
-                settings.server.admin_port,
-                max_header_bytes=settings.limits.max_header_bytes,
-                head_timeout_s=settings.server.head_timeout_s,
-                body_timeout_s=settings.server.body_timeout_s,
-            )
-        )
+        admin = _admin_server(services, settings)
         freeze_startup_heap()
         listening = (
             f"tiergate listening on http://{settings.server.host}:{settings.server.port} "
@@ -220,16 +225,7 @@ async def serve_worker(
     health."""
     async with open_services(settings, dev=dev, workers=workers, sink=sink) as services:
         freeze_startup_heap()
-        admin = _Server(
-            _uvicorn_config(
-                create_admin_app(services),
-                settings.server.admin_host,
-                settings.server.admin_port,
-                max_header_bytes=settings.limits.max_header_bytes,
-                head_timeout_s=settings.server.head_timeout_s,
-                body_timeout_s=settings.server.body_timeout_s,
-            )
-        )
+        admin = _admin_server(services, settings)
         await _run_servers(
             [], admin=admin, then=functools.partial(_drain_worker, services, settings)
         )
