@@ -9,6 +9,7 @@ sink's state in a process that runs one, and how many events it set aside as dea
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter
@@ -29,20 +30,22 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-async def _check_redis(services: ServicesDep) -> str:
+async def _ping(ping: Awaitable[object], timeout_s: float, error: type[Exception]) -> str:
+    """A dependency's check: ``ok``, or why ``ping`` failed (its client's ``error``, the network)
+    or did not answer within ``timeout_s``."""
     try:
-        await asyncio.wait_for(services.redis.ping(), 1.0)
-    except (RedisError, OSError, TimeoutError) as exc:
+        await asyncio.wait_for(ping, timeout_s)
+    except (error, OSError, TimeoutError) as exc:
         return f"unavailable: {type(exc).__name__}"
     return "ok"
+
+
+async def _check_redis(services: ServicesDep) -> str:
+    return await _ping(services.redis.ping(), 1.0, RedisError)
 
 
 async def _check_database(services: ServicesDep) -> str:
-    try:
-        await asyncio.wait_for(services.ledger.ping(), 2.0)
-    except (SQLAlchemyError, OSError, TimeoutError) as exc:
-        return f"unavailable: {type(exc).__name__}"
-    return "ok"
+    return await _ping(services.ledger.ping(), 2.0, SQLAlchemyError)
 
 
 async def _check_workers(services: ServicesDep) -> str:
