@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import Response
 from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -63,16 +64,23 @@ def create_app(
             app.state.services = built
             yield
 
-    app = FastAPI(
-        title="tiergate",
-        version="0.1.0",
+    app = _tiergate_app(
+        "tiergate",
+        _PUBLIC_LINKS,
+        [
+            chat.router,
+            completions.router,
+            embeddings.router,
+            models.router,
+            reports.router,
+            dashboard.router,
+            explain.router,
+            rules_console.router,
+            rules.router,
+            health.router,
+        ],
         lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        telemetry=_NO_NATIVE_TELEMETRY,
     )
-    install_error_handlers(app)
-    drop_validation_422(app)
     traced = (
         services.tracing.enabled
         if services is not None
@@ -82,18 +90,6 @@ def create_app(
         app.add_middleware(TracingMiddleware)
     app.state.inflight = InflightRequests()
     app.add_middleware(CountInflight, inflight=app.state.inflight)
-    app.include_router(chat.router)
-    app.include_router(completions.router)
-    app.include_router(embeddings.router)
-    app.include_router(models.router)
-    app.include_router(reports.router)
-    app.include_router(dashboard.router)
-    app.include_router(explain.router)
-    app.include_router(rules_console.router)
-    app.include_router(rules.router)
-    app.include_router(health.router)
-    app.include_router(docs_router("tiergate"))
-    app.include_router(index_router("tiergate", _PUBLIC_LINKS))
     return app
 
 
@@ -116,28 +112,50 @@ def create_admin_app(services: Services) -> FastAPI:
     """The admin port: Prometheus metrics and the tenant and key admin API (neither exposed on
     the public port), and their schema at ``/openapi.json`` (no key needed, as for metrics: it
     holds no data, and the admin port is not on the public network)."""
+    app = _tiergate_app(
+        "tiergate admin",
+        _ADMIN_LINKS,
+        [_metrics_router(services), health.router, admin_tenants.router, admin_keys.router],
+    )
+    app.state.services = services
+    return app
+
+
+def _tiergate_app(
+    title: str,
+    links: Mapping[str, str],
+    routers: Sequence[APIRouter],
+    *,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+) -> FastAPI:
+    """An app of tiergate's: ``routers``, then the docs (``gateway.api.apidocs``, in place of
+    FastAPI's own) and the index at ``/`` pointing at ``links``; errors answered in OpenAI's
+    shape, no generic 422 in the schema, no native telemetry."""
     app = FastAPI(
-        title="tiergate admin",
+        title=title,
         version="0.1.0",
+        lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
         telemetry=_NO_NATIVE_TELEMETRY,
     )
-    app.state.services = services
     install_error_handlers(app)
     drop_validation_422(app)
+    for router in (*routers, docs_router(title), index_router(title, links)):
+        app.include_router(router)
+    return app
 
-    @app.get("/metrics", dependencies=[access(PUBLIC)])
+
+def _metrics_router(services: Services) -> APIRouter:
+    """``GET /metrics``: the Prometheus exposition of ``services``' registry."""
+    router = APIRouter()
+
+    @router.get("/metrics", dependencies=[access(PUBLIC)])
     async def metrics() -> Response:
         await _refresh_queue_depth(services)
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(health.router)
-    app.include_router(admin_tenants.router)
-    app.include_router(admin_keys.router)
-    app.include_router(docs_router("tiergate admin"))
-    app.include_router(index_router("tiergate admin", _ADMIN_LINKS))
-    return app
+    return router
 
 
 async def _refresh_queue_depth(services: Services) -> None:
