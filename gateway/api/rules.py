@@ -32,8 +32,7 @@ __all__ = [
     "TenantName",
     "can_write",
     "invalid_rules",
-    "known_tenant",
-    "may_read",
+    "readable_tenant",
     "router",
     "runtime",
 ]
@@ -84,6 +83,19 @@ def _may_write(principal: Principal, tenant: str) -> None:
     raise PermissionDenied(f"principal {principal.name!r} may not change the rules of {tenant!r}")
 
 
+def readable_tenant(services: Services, principal: Principal, tenant: str) -> None:
+    """Refuse unless ``principal`` may read ``tenant``'s rules (403) and the tenant exists
+    (404): permission first, so a caller learns nothing of tenants it may not read."""
+    may_read(principal, tenant)
+    known_tenant(services, tenant)
+
+
+def _writable_tenant(services: Services, principal: Principal, tenant: str) -> None:
+    """As ``readable_tenant``, for changing the tenant's rules."""
+    _may_write(principal, tenant)
+    known_tenant(services, tenant)
+
+
 def _author(principal: Principal, person: str | None) -> str:
     """Who made a change: always the principal (keys are shared by a team), and the person."""
     person = (person or "").strip()
@@ -125,8 +137,7 @@ async def list_rules(services: ServicesDep, principal: Reader) -> dict[str, Any]
 
 @router.get("/{tenant}")
 async def get_rules(services: ServicesDep, principal: Reader, tenant: TenantName) -> dict[str, Any]:
-    may_read(principal, tenant)
-    known_tenant(services, tenant)
+    readable_tenant(services, principal, tenant)
     return _view(await runtime(services).registry.store.current(tenant), tenant)
 
 
@@ -138,8 +149,7 @@ async def put_rules(
     tenant: TenantName,
     author: AuthorNote = None,
 ) -> dict[str, Any]:
-    _may_write(principal, tenant)
-    known_tenant(services, tenant)
+    _writable_tenant(services, principal, tenant)
     source = await _source(request)
     try:
         registry = runtime(services).registry
@@ -153,8 +163,7 @@ async def put_rules(
 async def validate_rules(
     request: Request, services: ServicesDep, principal: Writer, tenant: TenantName
 ) -> dict[str, Any]:
-    _may_write(principal, tenant)
-    known_tenant(services, tenant)
+    _writable_tenant(services, principal, tenant)
     source = await _source(request)
     registry = runtime(services).registry
     try:
@@ -176,8 +185,7 @@ async def validate_rules(
 async def delete_rules(
     services: ServicesDep, principal: Writer, tenant: TenantName
 ) -> dict[str, Any]:
-    _may_write(principal, tenant)
-    known_tenant(services, tenant)
+    _writable_tenant(services, principal, tenant)
     registry = runtime(services).registry
     version = await registry.apply(tenant, None, author=principal.name, action="delete")
     return _view(version, tenant)
@@ -187,8 +195,7 @@ async def delete_rules(
 async def rule_history(
     services: ServicesDep, principal: Reader, tenant: TenantName
 ) -> dict[str, Any]:
-    may_read(principal, tenant)
-    known_tenant(services, tenant)
+    readable_tenant(services, principal, tenant)
     history = await runtime(services).registry.store.history(tenant)
     return {"object": "list", "data": [v.summary() for v in history]}
 
@@ -197,8 +204,7 @@ async def rule_history(
 async def rule_version(
     services: ServicesDep, principal: Reader, tenant: TenantName, version: Version
 ) -> dict[str, Any]:
-    may_read(principal, tenant)
-    known_tenant(services, tenant)
+    readable_tenant(services, principal, tenant)
     found = await runtime(services).registry.store.get(tenant, version)
     if found is None:
         raise ModelNotFound(
@@ -216,8 +222,7 @@ async def rollback_rules(
     author: AuthorNote = None,
 ) -> dict[str, Any]:
     """``?to=N``: a new version whose source is exactly version N's."""
-    _may_write(principal, tenant)
-    known_tenant(services, tenant)
+    _writable_tenant(services, principal, tenant)
     registry = runtime(services).registry
     version = await registry.rollback(tenant, to, author=_author(principal, author))
     if version is None:

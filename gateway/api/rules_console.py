@@ -40,8 +40,7 @@ from gateway.api.rules import (
     TenantName,
     can_write,
     invalid_rules,
-    known_tenant,
-    may_read,
+    readable_tenant,
 )
 from gateway.api.rules import runtime as rules_runtime
 from gateway.errors import GatewayError, InvalidRequest
@@ -91,8 +90,7 @@ async def figures(
     end: Annotated[date | None, Query(alias="to", description="last UTC day, inclusive")] = None,
 ) -> dict[str, Any]:
     """Each rule's requests, share sent large, cost and saving over the period."""
-    may_read(principal, tenant)
-    known_tenant(services, tenant)
+    readable_tenant(services, principal, tenant)
     if start is not None and end is not None and end < start:
         raise InvalidRequest("'to' is before 'from'", param="to")
     registry = rules_runtime(services).registry
@@ -174,8 +172,7 @@ async def explain_draft(
     request: Request, services: ServicesDep, principal: Reader, tenant: TenantName
 ) -> dict[str, Any]:
     """The plan under the running rules and under a draft, side by side."""
-    may_read(principal, tenant)
-    known_tenant(services, tenant)
+    readable_tenant(services, principal, tenant)
     if tenant == GLOBAL:
         raise InvalidRequest("explain for a tenant, not the global rules", param="tenant")
     raw = await read_body(request, services.settings.limits.max_body_bytes + MAX_RULE_BYTES)
@@ -216,8 +213,7 @@ async def what_if_draft(
     days: Annotated[int, Query(ge=1, le=MAX_DAYS)] = 7,
 ) -> dict[str, Any]:
     """The last ``days`` days of the tenant's ledger rows replayed under the draft (the body)."""
-    may_read(principal, tenant)
-    known_tenant(services, tenant)
+    readable_tenant(services, principal, tenant)
     if tenant == GLOBAL:
         raise InvalidRequest("what-if replays a tenant's rows, not the global rules")
     try:
