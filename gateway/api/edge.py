@@ -130,6 +130,17 @@ class Intake:
     stream: bool = False
     plan: RoutePlan | None = None
 
+    def deadline(self, meta: RequestMeta) -> RequestDeadline:
+        """The request's deadline (``gateway.api.timeout``) from its admitted ``meta``; the
+        front reads it once ``stream`` is known."""
+        return RequestDeadline.of(
+            meta,
+            self.services.settings.queue,
+            self.received_at,
+            headers=self.request.headers,
+            stream=self.stream,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
@@ -170,13 +181,7 @@ def chat_front(parse: Admit = admit_chat) -> Front:
         intake.stream = admitted.request.stream
         intake.clock.lap("parse")
         routed_at = time.perf_counter()
-        deadline = RequestDeadline.of(
-            admitted.meta,
-            services.settings.queue,
-            intake.received_at,
-            headers=request.headers,
-            stream=intake.stream,
-        )
+        deadline = intake.deadline(admitted.meta)
         try:
             routed = await route(
                 services, tenant, admitted, time_left_s=deadline.left_s(time.time())

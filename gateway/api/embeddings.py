@@ -19,7 +19,6 @@ from gateway.api.error_docs import refusals
 from gateway.api.openapi import request_openapi
 from gateway.api.routing import request_priority_of, routing_error
 from gateway.api.shapes import CHAT
-from gateway.api.timeout import RequestDeadline
 from gateway.auth.principals import Principal
 from router.embeddings import plan_embedding
 from router.errors import RoutingError
@@ -37,13 +36,7 @@ async def embeddings_front(intake: Intake, raw: bytes) -> Prepared:
     intake.requested_model = admitted.request.model
     intake.clock.lap("parse")
     routed_at = time.perf_counter()
-    deadline = RequestDeadline.of(
-        admitted.meta,
-        services.settings.queue,
-        intake.received_at,
-        headers=request.headers,
-        stream=False,
-    )
+    deadline = intake.deadline(admitted.meta)  # never streamed
     try:
         plan = plan_embedding(
             admitted.request.model, services.policies[tenant], services.embeddings
