@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from redis.exceptions import RedisError
@@ -20,42 +21,49 @@ from gateway.auth.principals import Principal
 from gateway.errors import GatewayError
 from gateway.observability.logging import log_request
 from gateway.parts import Services
+from gateway.queue.jobs import Job
 from router.plan import RoutePlan
 
-__all__ = ["book_refusal", "observe_refusal", "refusal_entry"]
+__all__ = ["Refusal", "book_refusal", "observe_refusal", "refusal_entry"]
 
 log = logging.getLogger(__name__)
 
 
-async def book_refusal(
-    services: Services,
-    *,
-    request_id: str,
-    principal: Principal,
-    received_at: float,
-    error: GatewayError,
-    requested_model: str = "",
-    plan: RoutePlan | None = None,
-    stream: bool = False,
-    endpoint: str = "chat",
-) -> None:
-    entry = refusal_entry(
-        request_id=request_id,
-        tenant=principal.tenant or "",
-        principal=principal.name,
-        received_at=received_at,
-        error=error,
-        requested_model=requested_model,
-        plan=plan,
-        stream=stream,
-        endpoint=endpoint,
-    )
-    observe_refusal(services, entry, error, requested_model=requested_model)
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request the edge answers with ``error`` and no backend call of its own: what its row
+    records besides who sent it."""
+
+    request_id: str
+    received_at: float
+    """When the edge received it (``time.time()``)."""
+    error: GatewayError
+    requested_model: str = ""
+    plan: RoutePlan | None = None
+    stream: bool = False
+    endpoint: str = "chat"
+
+    @classmethod
+    def of_job(cls, job: Job, error: GatewayError) -> Refusal:
+        return cls(
+            request_id=job.request_id,
+            received_at=job.received_at,
+            error=error,
+            requested_model=str(job.body.get("model", "")),
+            plan=job.plan,
+            stream=job.stream,
+            endpoint=job.endpoint,
+        )
+
+
+async def book_refusal(services: Services, principal: Principal, refusal: Refusal) -> None:
+    entry = refusal_entry(refusal, tenant=principal.tenant or "", principal=principal.name)
+    observe_refusal(services, entry, refusal.error, requested_model=refusal.requested_model)
     try:
         await services.ledger_writer.write(entry)
     except (RedisError, SQLAlchemyError, OSError):
         services.metrics.ledger_failures.inc()
-        log.error("could not book refused request %s", request_id)
+        log.error("could not book refused request %s", refusal.request_id)
 
 
 def observe_refusal(
@@ -84,32 +92,22 @@ def observe_refusal(
     )
 
 
-def refusal_entry(
-    *,
-    request_id: str,
-    tenant: str,
-    principal: str,
-    received_at: float,
-    error: GatewayError,
-    requested_model: str = "",
-    plan: RoutePlan | None = None,
-    stream: bool = False,
-    endpoint: str = "chat",
-) -> LedgerEntry:
-    """The row of a request answered with ``error`` and no backend call of its own."""
+def refusal_entry(refusal: Refusal, *, tenant: str, principal: str) -> LedgerEntry:
+    """The row of a request answered with ``refusal.error`` and no backend call of its own."""
+    error, plan = refusal.error, refusal.plan
     return LedgerEntry(
-        request_id=request_id,
+        request_id=refusal.request_id,
         tenant=tenant,
         principal=principal,
-        created_at=datetime.fromtimestamp(received_at, UTC),
+        created_at=datetime.fromtimestamp(refusal.received_at, UTC),
         outcome=error.outcome,
         status_code=error.status,
-        requested_model=requested_model,
+        requested_model=refusal.requested_model,
         tier=plan.tier.value if plan else None,
         rule=plan.rule if plan else None,
         score=plan.score if plan else None,
-        stream=stream,
-        latency_ms=(time.time() - received_at) * 1000,
+        stream=refusal.stream,
+        latency_ms=(time.time() - refusal.received_at) * 1000,
         provisional=error.provisional,
-        endpoint=endpoint,
+        endpoint=refusal.endpoint,
     )

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from gateway.accounting.bounds import prompt_token_bound
 from gateway.api.admission import Admitted, admit, read_body
-from gateway.api.booking import book_refusal, observe_refusal, refusal_entry
+from gateway.api.booking import Refusal, book_refusal, observe_refusal, refusal_entry
 from gateway.api.disconnect import first_unless_gone
 from gateway.api.inflight import InflightRequests
 from gateway.api.meta import RequestMeta
@@ -326,17 +326,7 @@ async def _abandoned(services: Services, job: Job) -> NoReturn:
     if await services.dispatcher.abandon(job):
         raise gone
     # Booked by its owner; counted and logged here, as every request the edge answers.
-    entry = refusal_entry(
-        request_id=job.request_id,
-        tenant=job.tenant,
-        principal=job.principal,
-        received_at=job.received_at,
-        error=gone,
-        requested_model=str(job.body.get("model", "")),
-        plan=job.plan,
-        stream=job.stream,
-        endpoint=job.endpoint,
-    )
+    entry = refusal_entry(Refusal.of_job(job, gone), tenant=job.tenant, principal=job.principal)
     observe_refusal(services, entry, gone, requested_model=entry.requested_model)
     raise RelayedError(gone)
 
@@ -344,10 +334,8 @@ async def _abandoned(services: Services, job: Job) -> NoReturn:
 async def _book(
     services: Services, principal: Principal, intake: Intake, request_id: str, error: GatewayError
 ) -> None:
-    await book_refusal(
-        services,
+    refused = Refusal(
         request_id=request_id,
-        principal=principal,
         received_at=intake.received_at,
         error=error,
         requested_model=intake.requested_model,
@@ -355,3 +343,4 @@ async def _book(
         stream=intake.stream,
         endpoint=intake.endpoint,
     )
+    await book_refusal(services, principal, refused)

@@ -24,7 +24,7 @@ from gateway.accounting.budgets import BudgetBook
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import Attempt
 from gateway.accounting.writer import LedgerWriter
-from gateway.api.booking import book_refusal
+from gateway.api.booking import Refusal, book_refusal
 from gateway.api.edge import _abandoned
 from gateway.api.relay import RelayedError
 from gateway.auth.principals import Principal
@@ -117,14 +117,13 @@ async def client_leaves(services: Any, the_job: Job) -> None:
     except RelayedError:
         return
     except GatewayError as error:
-        await book_refusal(
-            services,
+        refused = Refusal(
             request_id=the_job.request_id,
-            principal=PRINCIPAL,
             received_at=the_job.received_at,
             error=error,
             plan=the_job.plan,
         )
+        await book_refusal(services, PRINCIPAL, refused)
 
 
 @dataclass
@@ -322,15 +321,14 @@ async def test_a_stream_handed_back_without_its_note_is_booked_when_its_client_l
 
     async def book_unrun() -> None:
         error = ClientDisconnected("the client closed the connection before the answer")
-        await book_refusal(
-            edge_services(rig.edge.dispatcher, rig.writer),
+        refused = Refusal(
             request_id=the_job.request_id,
-            principal=PRINCIPAL,
             received_at=the_job.received_at,
             error=error,
             plan=the_job.plan,
             stream=True,
         )
+        await book_refusal(edge_services(rig.edge.dispatcher, rig.writer), PRINCIPAL, refused)
         booked.append(the_job.request_id)
 
     rig.edge.dispatcher.abandon_soon(the_job, book_unrun)

@@ -26,7 +26,7 @@ from gateway.accounting.budgets import BudgetBook
 from gateway.accounting.prices import PriceBook
 from gateway.accounting.records import Attempt
 from gateway.accounting.writer import LedgerWriter
-from gateway.api.booking import book_refusal
+from gateway.api.booking import Refusal, book_refusal
 from gateway.auth.principals import Principal
 from gateway.errors import DeadlineExceeded, GatewayError, RunTimedOut
 from gateway.metrics import Metrics
@@ -148,14 +148,13 @@ async def test_a_handed_back_job_the_edge_answered_is_booked_by_the_worker_that_
     error = await asyncio.wait_for(answer, 10)  # at the deadline, no worker alive
     assert isinstance(error, RunTimedOut)
     principal = Principal(name="acme", roles=frozenset({"tenant:acme"}))
-    await book_refusal(
-        edge_services(writer),
+    refused = Refusal(
         request_id=the_job.request_id,
-        principal=principal,
         received_at=the_job.received_at,
         error=error,
         plan=the_job.plan,
     )
+    await book_refusal(edge_services(writer), principal, refused)
     provisional = await books.row("r-late")
     assert provisional.provisional and provisional.attempts == ()
     (status,) = await budgets.status("acme")
