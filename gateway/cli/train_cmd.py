@@ -18,19 +18,25 @@ __all__ = ["train"]
 _REPO = Path(__file__).resolve().parents[2]
 
 BLAS_KERNELS = "Haswell"
-"""The OpenBLAS kernels training runs on (x86-64): results depend on them in the fourth decimal
-(AVX-512 kernels train another model than AVX2 ones), so one set, which every x86-64 CPU of the
-last decade runs, makes ``tiergate train`` give the shipped model on any of them."""
+"""The OpenBLAS kernels training runs on (x86-64)."""
+NUMPY_DISPATCH_OFF = "X86_V4 AVX512_ICL AVX512_SPR"
+"""numpy's own SIMD paths above AVX2 (numpy 2.4's dispatch targets), switched off for training."""
 
 
-def _pin_blas_kernels(console: Console) -> None:
-    """Pin OpenBLAS to ``BLAS_KERNELS`` before numpy loads it (it reads the variable once)."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or "OPENBLAS_CORETYPE" in os.environ:
+def _pin_cpu_kernels(console: Console) -> None:
+    """Train on the AVX2 code paths of OpenBLAS and numpy, whatever the CPU has. Results depend
+    on the kernels in the third or fourth decimal (AVX-512 paths, in OpenBLAS or in numpy's own
+    loops, round otherwise and train another model than AVX2 ones), so one set, which every
+    x86-64 CPU of the last decade runs, makes ``tiergate train`` give the shipped model on any
+    of them. Both libraries read their variable once, when numpy loads; one set by the caller
+    is kept."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
         return
     if "numpy" in sys.modules:
-        console.print("[yellow]numpy is already loaded: BLAS kernels not pinned[/]")
+        console.print("[yellow]numpy is already loaded: CPU kernels not pinned[/]")
         return
-    os.environ["OPENBLAS_CORETYPE"] = BLAS_KERNELS
+    os.environ.setdefault("OPENBLAS_CORETYPE", BLAS_KERNELS)
+    os.environ.setdefault("NPY_DISABLE_CPU_FEATURES", NUMPY_DISPATCH_OFF)
 
 
 def train(
@@ -56,7 +62,7 @@ def train(
     if export_only:
         _export(console, out)
         return
-    _pin_blas_kernels(console)
+    _pin_cpu_kernels(console)
     from router.training import train as run_training
 
     with Progress(
