@@ -10,7 +10,9 @@ capability      the request has
                 / ``function_call`` other than ``"none"``
 ``json_schema`` ``response_format: {"type": "json_schema", ...}``
 ``reasoning``   ``reasoning_effort``, a ``reasoning`` object or ``thinking`` (Anthropic's,
-                through litellm)
+                through litellm), unless it asks for no reasoning (``"none"``, ``{"effort":
+                "none"}``, ``{"type": "disabled"}``: ``no_reasoning_fields``, hints for every
+                request)
 =============== ==========================================================================
 
 **Hints.** Applications written for OpenAI's reasoning models send reasoning parameters
@@ -54,6 +56,7 @@ __all__ = [
     "Screen",
     "hint_fields",
     "needed_capabilities",
+    "no_reasoning_fields",
     "screen",
     "unsent",
 ]
@@ -127,13 +130,34 @@ def needed_capabilities(body: Mapping[str, Any]) -> frozenset[Capability]:
     response_format = body.get("response_format")
     if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
         needs.add(Capability.JSON_SCHEMA)
-    if any(_present(body, key) for key in _REASONING_FIELDS):
+    if any(_present(body, key) and not _asks_none(body, key) for key in _REASONING_FIELDS):
         needs.add(Capability.REASONING)
     return frozenset(needs)
 
 
 def _present(body: Mapping[str, Any], key: str) -> bool:
     return body.get(key) not in (None, False)
+
+
+def _asks_none(body: Mapping[str, Any], key: str) -> bool:
+    """Whether reasoning field ``key`` asks for no reasoning: ``reasoning_effort: "none"``,
+    ``reasoning: {"effort": "none"}``, ``thinking: {"type": "disabled"}``."""
+    value = body.get(key)
+    if key == "reasoning_effort":
+        return value == "none"
+    if not isinstance(value, Mapping):
+        return False
+    if key == "reasoning":
+        return value.get("effort") == "none"
+    return value.get("type") == "disabled"
+
+
+def no_reasoning_fields(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The reasoning fields of ``body`` that ask for no reasoning (``reasoning_effort:
+    "none"``…). They need nothing, whatever the model is named, and are hints for every
+    request: a deployment without ``reasoning`` is not sent them (it does not reason anyway,
+    and may refuse the field)."""
+    return tuple(k for k in _REASONING_FIELDS if _present(body, k) and _asks_none(body, k))
 
 
 def hint_fields(body: Mapping[str, Any]) -> tuple[str, ...]:

@@ -46,7 +46,9 @@ How a plan is made:
    deployment of its allowed tiers can serve, gets ``MissingCapability``. A request that named
    its model through an alias has its reasoning parameters and ``verbosity`` as *hints*
    (``router.capabilities.HINTED``): they rule nothing out, and the plan's ``dropped`` says
-   which deployments are not sent which of them (``router.capabilities.unsent``).
+   which deployments are not sent which of them (``router.capabilities.unsent``). A reasoning
+   field that asks for no reasoning (``reasoning_effort: "none"``) is such a hint however the
+   model is named.
 6. **Live signals.** Deployments in ``signals.unavailable`` move to the end, in order; the plan's
    ``tier`` is the tier of the first deployment to try.
 """
@@ -145,11 +147,13 @@ def decide(
     context: RequestContext | None = None,
     needs: frozenset[Capability] = frozenset(),
     hints: tuple[str, ...] = (),
+    quiet: tuple[str, ...] = (),
 ) -> RoutePlan:
     """The route plan for one request (see the module docstring for the rules). ``needs``: the
     capabilities the request needs (``router.capabilities.needed_capabilities``); ``hints``:
     its fields that are hints when it names its model through an alias
-    (``router.capabilities.hint_fields``).
+    (``router.capabilities.hint_fields``); ``quiet``: those that are hints however it names
+    its model, since they ask for no reasoning (``router.capabilities.no_reasoning_fields``).
 
     Raises ``UnknownModel``, ``ModelNotAllowed``, ``NoDeploymentFits`` or
     ``MissingCapability``.
@@ -194,7 +198,7 @@ def decide(
             continuation=action.continuation,
             max_cost_usd=None if action.max_cost_usd is None else str(action.max_cost_usd),
         )
-    needs, hints = _as_hints(needs, hints, alias)
+    needs, hints = _as_hints(needs, hints, quiet, alias)
     able = screen(catalog, needs)
     if requested_model == AUTO:
         extras["threshold"] = eff.policy.threshold
@@ -206,7 +210,7 @@ def decide(
         choice = _choose(tier, eff, score, rules, context, signals, able.catalog, prompt_tokens)
         plan = _tier_plan(choice, needed=needed, eff=eff, catalog=able.catalog,
                           signals=signals, prompt_tokens=prompt_tokens, extras=extras)  # fmt: skip
-    plan = _drop_hints(able.annotate(plan), hints, catalog)
+    plan = _drop_hints(able.annotate(plan), hints, catalog, alias is not None)
     if alias is None:
         return plan
     said = f"{asked!r} is an alias of {alias.target!r}"
@@ -216,16 +220,21 @@ def decide(
 
 
 def _as_hints(
-    needs: frozenset[Capability], hints: tuple[str, ...], alias: Alias | None
+    needs: frozenset[Capability],
+    hints: tuple[str, ...],
+    quiet: tuple[str, ...],
+    alias: Alias | None,
 ) -> tuple[frozenset[Capability], tuple[str, ...]]:
     """What the request needs and its hints: through an alias, its ``hints`` need nothing;
-    named directly, it has no hints (they stay needs)."""
+    named directly, only its ``quiet`` fields are hints (the rest stay needs)."""
     if alias is None:
-        return needs, ()
+        return needs, quiet
     return (needs - HINTED if hints else needs), hints
 
 
-def _drop_hints(plan: RoutePlan, hints: tuple[str, ...], catalog: Catalog) -> RoutePlan:
+def _drop_hints(
+    plan: RoutePlan, hints: tuple[str, ...], catalog: Catalog, aliased: bool
+) -> RoutePlan:
     """``plan`` with the ``hints`` each of its deployments is not sent (``dropped``), and
     those at the end of its reason."""
     dropped = tuple(
@@ -236,7 +245,8 @@ def _drop_hints(plan: RoutePlan, hints: tuple[str, ...], catalog: Catalog) -> Ro
     if not dropped:
         return plan
     said = "; ".join(f"{d}: {', '.join(f)}" for d, f in dropped)
-    reason = f"{plan.reason}; hints not sent (alias) to {said}"
+    why = "alias" if aliased else "no reasoning asked"
+    reason = f"{plan.reason}; hints not sent ({why}) to {said}"
     return replace(plan, dropped=dropped, reason=reason)
 
 

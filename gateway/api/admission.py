@@ -16,7 +16,12 @@ from gateway.api.schemas import ChatCompletionRequest, ChatMessage
 from gateway.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge
 from gateway.safe_text import check_name, find_nul
 from gateway.settings import LimitsSettings
-from router.capabilities import Capability, hint_fields, needed_capabilities
+from router.capabilities import (
+    Capability,
+    hint_fields,
+    needed_capabilities,
+    no_reasoning_fields,
+)
 from router.features import PromptFeatures, definition_tokens
 
 __all__ = ["Admitted", "admit", "parse_body", "read_body", "validation_message"]
@@ -49,6 +54,12 @@ class Admitted:
         """Its reasoning parameters and ``verbosity``: hints, not needs, when it names its model
         through an alias (``router.capabilities.hint_fields``)."""
         return hint_fields(self.body)
+
+    @property
+    def quiet_hints(self) -> tuple[str, ...]:
+        """Its reasoning fields that ask for no reasoning: hints however it names its model
+        (``router.capabilities.no_reasoning_fields``)."""
+        return no_reasoning_fields(self.body)
 
     @property
     def choices(self) -> int:

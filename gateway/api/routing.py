@@ -118,6 +118,7 @@ def plan_request(
             context=None if inputs is None else inputs.context,
             needs=admitted.needs,
             hints=admitted.hints,
+            quiet=admitted.quiet_hints,
         )
     except RoutingError as exc:
         raise routing_error(exc) from None

@@ -92,3 +92,24 @@ async def test_a_tiergate_model_named_directly_still_needs_a_reasoning_deploymen
         assert "reasoning (reasoning parameters)" in error.message
     assert refused.value.param == "reasoning_effort"
     assert responses.value.param == "reasoning.effort"
+
+
+async def test_no_reasoning_asked_is_served_by_a_model_named_directly(stack: Stack) -> None:
+    """``reasoning_effort: "none"`` (and Responses' ``reasoning.effort: "none"``) asks for
+    nothing a deployment lacks: answered by the example's text-only deployments, which are not
+    sent the field; before, a 400 ``unsupported_capability``."""
+    async with client(stack) as api:
+        chat = await api.chat.completions.with_raw_response.create(
+            model="auto", messages=ASK, reasoning_effort="none"
+        )
+        responses = await api.responses.with_raw_response.create(
+            model="large", input="Hi.", reasoning={"effort": "none"}
+        )
+    assert chat.status_code == 200 and chat.headers["x-tiergate-model"] == SMALL
+    assert chat.headers["x-tiergate-dropped"] == "reasoning_effort"
+    assert responses.status_code == 200 and responses.parse().status == "completed"
+    assert responses.headers["x-tiergate-model"] == "llama-3.1-70b-instruct-awq"
+    assert responses.headers["x-tiergate-dropped"] == "reasoning_effort"
+    for raw in (chat, responses):
+        entry = await wait_entry(stack.database_url, raw.headers["x-request-id"])
+        assert entry.outcome == "ok" and entry.status_code == 200

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from router.aliases import ModelAliases
-from router.capabilities import Capability, hint_fields, needed_capabilities, unsent
+from router.capabilities import (
+    Capability,
+    hint_fields,
+    needed_capabilities,
+    no_reasoning_fields,
+    unsent,
+)
 from router.catalog import Catalog, DeploymentSpec, Signals, TenantPolicy, Tier
 from router.errors import MissingCapability
 from router.features import PromptFeatures
@@ -55,6 +61,7 @@ def plan_for(
         classifier=FixedScore(score),
         needs=needed_capabilities(body),
         hints=hint_fields(body),
+        quiet=no_reasoning_fields(body),
     )
 
 
@@ -133,3 +140,41 @@ def test_dropped_survives_the_job_encoding() -> None:
         "deployment": LARGE.model,
         "fields": ["reasoning_effort", "verbosity"],
     }
+
+
+@pytest.mark.parametrize(
+    ("body", "needs", "quiet"),
+    [
+        ({"reasoning_effort": "none"}, frozenset(), ("reasoning_effort",)),
+        ({"reasoning_effort": "minimal"}, {R}, ()),
+        ({"reasoning": {"effort": "none"}}, frozenset(), ("reasoning",)),
+        ({"reasoning": {"effort": "low"}}, {R}, ()),
+        ({"thinking": {"type": "disabled"}}, frozenset(), ("thinking",)),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, {R}, ()),
+        ({"reasoning_effort": "none", "thinking": {"type": "enabled"}}, {R}, ("reasoning_effort",)),
+    ],
+)
+def test_a_reasoning_field_that_asks_for_none_needs_nothing(
+    body: dict[str, Any], needs: frozenset[Capability], quiet: tuple[str, ...]
+) -> None:
+    assert needed_capabilities(body) == needs
+    assert no_reasoning_fields(body) == quiet
+
+
+@pytest.mark.parametrize("model", ["auto", "large", "small", SMALL.model])
+def test_a_model_named_directly_with_no_reasoning_asked_is_served_without_the_field(
+    model: str,
+) -> None:
+    """GPT-5.1-style ``reasoning_effort: "none"`` on a tiergate model: nothing to rule out;
+    a deployment without ``reasoning`` is not sent the field (vLLM may refuse the value)."""
+    plan = plan_for({"messages": ASK, "reasoning_effort": "none"}, model)
+    assert plan.needs == () and plan.ruled_out == ()
+    assert plan.dropped == tuple((d, ("reasoning_effort",)) for d in plan.deployments)
+    assert "hints not sent (no reasoning asked) to " in plan.reason
+
+
+def test_no_reasoning_asked_is_still_sent_where_a_deployment_reasons() -> None:
+    catalog = Catalog((SMALL, LOCAL_REASONER, REASONER), aliases=ALIASES)
+    plan = plan_for({"messages": ASK, "reasoning_effort": "none"}, "auto", catalog=catalog)
+    assert plan.deployments[0] == SMALL.model
+    assert plan.dropped == ((SMALL.model, ("reasoning_effort",)),)
