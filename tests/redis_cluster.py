@@ -120,13 +120,16 @@ class LocalRedisCluster:
 
     def fail_over(self, master_port: int) -> int:
         """``CLUSTER FAILOVER`` on the replica of ``master_port`` (a coordinated switch: the
-        replica catches up first); its port, the new master."""
+        replica catches up first); its port, the new master, once every node's slot map says
+        so (the other nodes learn it by gossip, some milliseconds after the replica)."""
         replica = self.replica_of(master_port)
         client = redis.Redis(port=replica)
         try:
             client.execute_command("CLUSTER FAILOVER")
             deadline = time.monotonic() + 30
-            while client.info("replication")["role"] != "master":
+            while client.info("replication")["role"] != "master" or any(
+                master_port in self._masters_seen_by(port) for port in self.procs
+            ):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the failover did not happen")
                 time.sleep(0.05)
@@ -137,15 +140,23 @@ class LocalRedisCluster:
     def master_of(self, key: str) -> int:
         """The port of the master serving ``key``'s slot, as a live node sees it."""
         slot = key_slot(key.encode())
-        client = redis.Redis(port=next(iter(self.procs)), socket_timeout=1)
+        for start, end, master in self._slot_map(next(iter(self.procs))):
+            if start <= slot <= end:
+                return master
+        raise AssertionError(f"no master serves slot {slot}")
+
+    def _masters_seen_by(self, port: int) -> set[int]:
+        return {master for _start, _end, master in self._slot_map(port)}
+
+    @staticmethod
+    def _slot_map(port: int) -> list[tuple[int, int, int]]:
+        """``CLUSTER SLOTS`` as node ``port`` sees it: (first slot, last slot, master port)."""
+        client = redis.Redis(port=port, socket_timeout=1)
         try:
             ranges = client.execute_command("CLUSTER SLOTS")
         finally:
             client.close()
-        for start, end, master, *_replicas in ranges:
-            if start <= slot <= end:
-                return int(master[1])
-        raise AssertionError(f"no master serves slot {slot}")
+        return [(int(start), int(end), int(master[1])) for start, end, master, *_ in ranges]
 
     def wait_replaced(self, dead: int, key: str, timeout_s: float = 30.0) -> int:
         """Until a master other than ``dead`` (killed) serves ``key``'s slot: its port."""
