@@ -180,6 +180,11 @@ async def test_requests_follow_the_pool_from_one_pod_to_three_to_none(
         assert killed_by == SMALL
 
         # no pod at all: the on-demand pool answers at once, no wait for a slot that cannot come
+        # (once the worker's pool has applied the empty pod list: it did not always have by the
+        # time the killed call's failover returned)
+        assert services.worker is not None
+        pool = services.worker._pool
+        await until(lambda: not pool.replicas(SPOT), 5.0)
         started = asyncio.get_running_loop().time()
         none = await asyncio.gather(*(_ask(client, f"none {i}", max_tokens=8) for i in range(3)))
         ids += [r for r, _ in none]
