@@ -30,6 +30,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyErro
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.accounting.schema import ledger_dead_letters
+from gateway.codec import NATIVE, RecordCodec
 
 __all__ = ["WRITE_ERRORS", "DeadLetter", "DeadLetters", "is_poison", "storable"]
 
@@ -100,6 +101,10 @@ class DeadLetter:
         return {"id": self.stream_id, "reason": self.reason, "e": self.event}
 
 
+_ROW = RecordCodec(DeadLetter, {datetime: NATIVE})
+"""A dead letter to and from its ``ledger_dead_letters`` row (columns named as the fields)."""
+
+
 def _text_or_none(value: object) -> str | None:
     return storable(value)[:256] if isinstance(value, str) else None
 
@@ -124,17 +129,7 @@ class DeadLetters:
         """Store ``letters``; one already stored (same stream id) is left as it is."""
         if not letters:
             return
-        rows = [
-            {
-                "stream_id": d.stream_id,
-                "request_id": d.request_id,
-                "tenant": d.tenant,
-                "reason": d.reason,
-                "event": d.event,
-                "set_aside_at": d.set_aside_at,
-            }
-            for d in letters
-        ]
+        rows = [_ROW.to_values(d) for d in letters]
         async with self._engine.begin() as conn:
             await conn.execute(self._insert, rows)
 
@@ -149,14 +144,4 @@ class DeadLetters:
         query = select(ledger_dead_letters).order_by(t.set_aside_at.desc()).limit(limit)
         async with self._engine.connect() as conn:
             rows = (await conn.execute(query)).mappings().all()
-        return [
-            DeadLetter(
-                stream_id=r["stream_id"],
-                reason=r["reason"],
-                event=r["event"],
-                set_aside_at=r["set_aside_at"],
-                request_id=r["request_id"],
-                tenant=r["tenant"],
-            )
-            for r in rows
-        ]
+        return [_ROW.from_values(r) for r in rows]

@@ -28,6 +28,7 @@ from gateway.auth.tenants import (
     valid_name,
 )
 from gateway.auth.tokens import NewKey, new_key
+from gateway.codec import NATIVE, RecordCodec
 from gateway.errors import Conflict, InvalidRequest, NotFound
 from gateway.safe_text import MAX_NAME_CHARS, check_name
 from gateway.sqlengine import create_sql_engine
@@ -37,6 +38,9 @@ __all__ = ["MAX_NOTE_CHARS", "IssuedKey", "SqlAuthStore"]
 MAX_NOTE_CHARS = 256
 
 log = logging.getLogger(__name__)
+
+_KEY_ROW = RecordCodec(KeyRecord, {datetime: NATIVE})
+"""A key's record to and from its ``api_keys`` row (the column names are the field names)."""
 
 
 def _now() -> datetime:
@@ -54,22 +58,6 @@ class IssuedKey:
 
     def __repr__(self) -> str:
         return f"IssuedKey(key_id={self.record.key_id!r})"
-
-
-def _key_record(row: RowMapping) -> KeyRecord:
-    return KeyRecord(
-        key_id=row["key_id"],
-        salt=row["salt"],
-        digest=row["digest"],
-        principal=row["principal"],
-        roles=tuple(row["roles"]),
-        created_at=row["created_at"],
-        expires_at=row["expires_at"],
-        revoked_at=row["revoked_at"],
-        last_used_at=row["last_used_at"],
-        replaced_by=row["replaced_by"],
-        note=row["note"],
-    )
 
 
 def _tenant_record(row: RowMapping) -> TenantRecord:
@@ -203,7 +191,7 @@ class SqlAuthStore:
         made = new_key()
         record = self._new_record(made, principal, roles, expires_at, note)
         async with self._engine.begin() as conn:
-            await conn.execute(insert(api_keys).values(**_record_row(record)))
+            await conn.execute(insert(api_keys).values(**_KEY_ROW.to_values(record)))
         return IssuedKey(record, made.key)
 
     async def rotate_key(self, key_id: str, *, overlap: timedelta) -> IssuedKey:
@@ -221,7 +209,7 @@ class SqlAuthStore:
         if old.expires_at is not None:
             closes = min(closes, old.expires_at)
         async with self._engine.begin() as conn:
-            await conn.execute(insert(api_keys).values(**_record_row(record)))
+            await conn.execute(insert(api_keys).values(**_KEY_ROW.to_values(record)))
             await conn.execute(
                 update(api_keys)
                 .where(api_keys.c.key_id == key_id)
@@ -267,7 +255,7 @@ class SqlAuthStore:
         stmt = select(api_keys).order_by(api_keys.c.created_at, api_keys.c.key_id)
         if key_id is not None:
             stmt = stmt.where(api_keys.c.key_id == key_id)
-        return [_key_record(r) for r in (await conn.execute(stmt)).mappings()]
+        return [_KEY_ROW.from_values(r) for r in (await conn.execute(stmt)).mappings()]
 
     @staticmethod
     def _new_record(
@@ -290,19 +278,3 @@ class SqlAuthStore:
             replaced_by=None,
             note=note,
         )
-
-
-def _record_row(record: KeyRecord) -> dict[str, Any]:
-    return {
-        "key_id": record.key_id,
-        "salt": record.salt,
-        "digest": record.digest,
-        "principal": record.principal,
-        "roles": list(record.roles),
-        "created_at": record.created_at,
-        "expires_at": record.expires_at,
-        "revoked_at": record.revoked_at,
-        "last_used_at": record.last_used_at,
-        "replaced_by": record.replaced_by,
-        "note": record.note,
-    }

@@ -10,15 +10,14 @@ from __future__ import annotations
 import asyncio
 import difflib
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from gateway.codec import RecordCodec
 from gateway.rules.schema import create_rules_schema, rule_versions
 from gateway.sqlengine import create_sql_engine
 
@@ -52,20 +51,13 @@ class RuleVersion:
         }
 
 
-def _version(row: Mapping[Any, Any]) -> RuleVersion:
-    created = row["created_at"]
-    if created.tzinfo is None:  # SQLite returns naive datetimes
-        created = created.replace(tzinfo=UTC)
-    return RuleVersion(
-        tenant=row["tenant"],
-        version=int(row["version"]),
-        author=row["author"],
-        created_at=created,
-        action=row["action"],
-        source=row["source"],
-        diff=row["diff"],
-        restored=row["restored"],
-    )
+def _aware(created: datetime) -> datetime:
+    """SQLite gives back the naive UTC time it stored."""
+    return created.replace(tzinfo=UTC) if created.tzinfo is None else created
+
+
+_ROW = RecordCodec(RuleVersion, {datetime: (_aware, _aware)})
+"""A version to and from its ``rule_versions`` row (the column names are the field names)."""
 
 
 def unified_diff(before: str | None, after: str | None, version: int) -> str:
@@ -111,7 +103,7 @@ class SqlRuleStore:
         )
         async with self._engine.connect() as conn:
             row = (await conn.execute(query)).mappings().first()
-        return None if row is None else _version(row)
+        return None if row is None else _ROW.from_values(row)
 
     async def history(self, tenant: str) -> list[RuleVersion]:
         query = (
@@ -121,7 +113,7 @@ class SqlRuleStore:
         )
         async with self._engine.connect() as conn:
             rows = (await conn.execute(query)).mappings().all()
-        return [_version(row) for row in rows]
+        return [_ROW.from_values(row) for row in rows]
 
     async def append(
         self,
@@ -139,18 +131,18 @@ class SqlRuleStore:
                     latest = await self._latest(conn, tenant)
                     number = 1 if latest is None else latest.version + 1
                     before = None if latest is None else latest.source
-                    row: dict[str, Any] = {
-                        "tenant": tenant,
-                        "version": number,
-                        "author": author,
-                        "created_at": datetime.now(UTC),
-                        "action": action,
-                        "source": source,
-                        "diff": unified_diff(before, source, number),
-                        "restored": restored,
-                    }
-                    await conn.execute(insert(rule_versions).values(**row))
-                return _version(row)
+                    version = RuleVersion(
+                        tenant=tenant,
+                        version=number,
+                        author=author,
+                        created_at=datetime.now(UTC),
+                        action=action,
+                        source=source,
+                        diff=unified_diff(before, source, number),
+                        restored=restored,
+                    )
+                    await conn.execute(insert(rule_versions).values(**_ROW.to_values(version)))
+                return version
             except IntegrityError:
                 if attempt == _ATTEMPTS - 1:
                     raise
@@ -167,4 +159,4 @@ class SqlRuleStore:
             .limit(1)
         )
         row = (await conn.execute(query)).mappings().first()
-        return None if row is None else _version(row)
+        return None if row is None else _ROW.from_values(row)
