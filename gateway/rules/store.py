@@ -7,7 +7,6 @@ version of a tenant is what runs; a deleted one (``source`` ``None``) means no r
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import random
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from datetime import UTC, datetime
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from gateway.codec import RecordCodec
 from gateway.rules.schema import create_rules_schema, rule_versions
@@ -26,6 +26,11 @@ __all__ = ["GLOBAL", "RuleVersion", "SqlRuleStore"]
 GLOBAL = "_global"
 """The pseudo-tenant whose rules apply to every tenant after its own."""
 _ATTEMPTS = 20
+
+
+def _jitter(retry_state: RetryCallState) -> float:
+    """Another writer took the number: back off a little, jittered, longer each time."""
+    return random.uniform(0, 0.005 * retry_state.attempt_number)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +130,14 @@ class SqlRuleStore:
         restored: int | None = None,
     ) -> RuleVersion:
         """Add the next version; concurrent writers each get their own number."""
-        for attempt in range(_ATTEMPTS):
-            try:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(IntegrityError),
+            stop=stop_after_attempt(_ATTEMPTS),
+            wait=_jitter,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
                 async with self._engine.begin() as conn:
                     latest = await self._latest(conn, tenant)
                     number = 1 if latest is None else latest.version + 1
@@ -143,12 +154,7 @@ class SqlRuleStore:
                     )
                     await conn.execute(insert(rule_versions).values(**_ROW.to_values(version)))
                 return version
-            except IntegrityError:
-                if attempt == _ATTEMPTS - 1:
-                    raise
-                # Another writer took this number: back off a little (jittered) and retry.
-                await asyncio.sleep(random.uniform(0, 0.005 * (attempt + 1)))
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable")  # reraise=True: the last IntegrityError propagates
 
     @staticmethod
     async def _latest(conn: AsyncConnection, tenant: str) -> RuleVersion | None:
