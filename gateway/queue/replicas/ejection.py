@@ -10,6 +10,12 @@ request's own fault) lets another call be its trial, and so does a trial that ha
 within ``max_s`` (a lost task). A success resets the count. The pool never ejects a
 deployment's last usable replica (``failed(..., last=True)``).
 
+A failure is either the replica's or the deployment's to answer for, never both: while other
+replicas are usable, ejection answers for it and the deployment's breaker is not told (three
+failures of one bad pod of three, against a success or two in a quiet window, would otherwise
+be over the breaker's ratio and close the whole deployment). The breaker hears the failures of
+the last usable replica (every other one is out), and every failure when ejection is off.
+
 State is per process, like Envoy's outlier detection is per proxy: the deployment-wide breaker
 (``gateway.faults.breaker``) is the one shared through Redis.
 """
@@ -116,21 +122,22 @@ class Ejections:
         if health is not None:
             health.trial_since = health.trial_lease = None
 
-    def failed(self, deployment: str, replica: str, *, last: bool = False) -> None:
+    def failed(self, deployment: str, replica: str, *, last: bool = False) -> bool:
         """A backend-caused failure on ``replica``; ejects it at the policy's count, or at
         once when it failed its trial. ``last``: no other replica of the deployment is
-        usable: it stays in (counted), and the deployment's breaker judges the deployment."""
+        usable: it stays in (counted), and the deployment's breaker judges the deployment.
+        Whether the breaker is to be told (``last``, or ejection off)."""
         if self.policy.after <= 0:
-            return
+            return True
         health = self._of(deployment, replica)
         health.failures += 1
         now = self.clock()
         on_trial = health.until is not None and now >= health.until
         if not on_trial and (health.until is not None or health.failures < self.policy.after):
-            return  # counting, or a call chosen before the ejection failed late
+            return last  # counting, or a call chosen before the ejection failed late
         if last:
             health.until = health.trial_since = None
-            return
+            return True
         health.ejections += 1
         cool_down = self.policy.cool_down(health.ejections)
         health.until = now + cool_down
@@ -141,6 +148,7 @@ class Ejections:
         )  # fmt: skip
         if self.on_eject is not None:
             self.on_eject(deployment)
+        return False
 
     def forget(self, deployment: str, replica: str) -> None:
         """``replica`` left the deployment."""

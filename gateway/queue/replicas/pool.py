@@ -19,8 +19,10 @@ moves on instead of waiting for a slot that cannot come).
 A replica that keeps failing is ejected for a cool-down (``ejections``, outlier ejection:
 ``gateway.queue.replicas.ejection``): no replica is chosen while it is out, save when every
 replica of the deployment is (then all are candidates: the deployment's breaker judges it).
-Calls report their verdicts per replica (``replica_failed``, ``replica_answered``,
-``replica_no_verdict``); the last usable replica of a deployment is never ejected.
+A replica's failures are ejection's to answer for while others are usable, and the breaker's
+once it is the last. Calls report their verdicts per replica (``replica_failed``,
+``replica_answered``, ``replica_no_verdict``); the last usable replica of a deployment is never
+ejected.
 
 A worker's *idle* reservation (``reserve(..., idle=True)``: a slot held while it waits for a job)
 has a lease id ending in ``IDLE_MARK``; ``busy`` renames it when a job takes it, so the queue
@@ -171,11 +173,13 @@ class BackendPool:
         usable = [r for r in every if self._ejections.usable(deployment, r.backend.name)]
         return usable or list(every)
 
-    def replica_failed(self, deployment: str, replica: str) -> None:
-        """A backend-caused failure of a call on ``replica`` (a backend name)."""
+    def replica_failed(self, deployment: str, replica: str) -> bool:
+        """A backend-caused failure of a call on ``replica`` (a backend name); whether the
+        deployment's breaker is to be told of it (ejection does not answer for it: it was the
+        last usable replica, or ejection is off)."""
         others = [r for r in self._replicas.get(deployment, []) if r.backend.name != replica]
         last = not any(self._ejections.usable(deployment, r.backend.name) for r in others)
-        self._ejections.failed(deployment, replica, last=last)
+        return self._ejections.failed(deployment, replica, last=last)
 
     def replica_answered(self, deployment: str, replica: str) -> None:
         self._ejections.succeeded(deployment, replica)

@@ -15,7 +15,9 @@ One call (or one deployment skipped because its circuit breaker is open) is:
   ``gateway.queue.running.caller.cut_by_deadline``);
 - the same verdict for the replica that served it, whose failures in a row eject it from the
   pool for a while (``gateway.queue.replicas.ejection``); a call that ended with no verdict
-  (cancelled, the request's fault) is told too, so a replica's trial call is not lost;
+  (cancelled, the request's fault) is told too, so a replica's trial call is not lost. A
+  failure that ejection answers for (other replicas are usable) is not told to the breaker:
+  one bad pod is ejected, it does not open its whole deployment;
 - where it leaves the common path (it failed, it goes to a hosted API, the job is handed back),
   the run's note in Redis (``gateway.queue.ownership.notes``), which a run that takes the job over
   books.
@@ -95,13 +97,14 @@ class Attempts:
         )  # fmt: skip
         run.last_error = exc
         backend_caused = exc.retryable and backend_fault
+        breaker_judges = backend_caused
         if replica is not None and self._pool is not None:
             if backend_caused:
-                self._pool.replica_failed(deployment, replica)
+                breaker_judges = self._pool.replica_failed(deployment, replica)
             else:
                 self._pool.replica_no_verdict(deployment, replica)
         await self._notes.save(run)
-        if self._breaker is None or not backend_caused:
+        if self._breaker is None or not breaker_judges:
             return False
         return await self._breaker.record(deployment, ok=False) is BreakerState.OPEN
 

@@ -121,3 +121,34 @@ def test_zero_never_ejects(clock: Clock) -> None:
     for _ in range(10):
         e.failed(DEP, "a")
     assert e.usable(DEP, "a")
+
+
+# (what happened before, after-count of the policy, last usable replica?) -> breaker told?
+BREAKER_TOLD = [
+    pytest.param(0, 3, False, False, id="first failure, others usable: the replica's"),
+    pytest.param(2, 3, False, False, id="the ejecting failure: the replica's"),
+    pytest.param(3, 3, False, False, id="a late failure while ejected: the replica's"),
+    pytest.param(0, 3, True, True, id="first failure of the last usable: the breaker's"),
+    pytest.param(2, 3, True, True, id="third failure of the last usable: the breaker's"),
+    pytest.param(0, 0, False, True, id="ejection off: the breaker's"),
+]
+
+
+@pytest.mark.parametrize(("before", "after", "last", "told"), BREAKER_TOLD)
+def test_a_failure_is_the_replicas_or_the_breakers_never_both(
+    clock: Clock, before: int, after: int, last: bool, told: bool
+) -> None:
+    e = _ejections(clock, after=after)
+    for _ in range(before):
+        e.failed(DEP, "a")
+    assert e.failed(DEP, "a", last=last) is told
+
+
+def test_a_failed_trial_is_the_replicas(clock: Clock) -> None:
+    e = _ejections(clock)
+    for _ in range(3):
+        e.failed(DEP, "a")
+    clock.now += 10.0
+    e.chosen(DEP, "a", "lease-1")
+    assert e.failed(DEP, "a") is False  # ejected again, for 20 s
+    assert not e.usable(DEP, "a")

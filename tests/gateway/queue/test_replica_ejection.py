@@ -4,7 +4,9 @@ After three failures in a row it is ejected: calls go only to the other two and 
 is answered; once its cool-down is over (an injected clock) it gets a single trial call, which
 ejects it again for twice as long while it still fails, and puts it back once it answers.
 When every replica fails, the last one usable is never ejected: the deployment's calls still
-fail on it, for the deployment's own circuit breaker to judge."""
+fail on it, for the deployment's own circuit breaker to judge. Failures that ejection answers for
+(a replica failing while others are usable) are not the breaker's: one bad pod of three does not
+open its deployment's breaker, however few calls the deployment has."""
 
 from __future__ import annotations
 
@@ -158,13 +160,39 @@ async def test_a_deployment_whose_replicas_all_fail_still_opens_its_breaker(
     start_sim: Callable[..., Awaitable[CountingSim]],
 ) -> None:
     sims = [await start_sim(4, time_scale=0.0, itl_s=0.0) for _ in range(3)]
-    breaker = RedisBreaker(redis_conn, key_prefix, BreakerConfig(min_calls=10, closed_view_s=0))
+    breaker = RedisBreaker(redis_conn, key_prefix, BreakerConfig(min_calls=4, closed_view_s=0))
     async with _rig(redis_conn, key_prefix, sims, faulty=3, breaker=breaker) as rig:
         for _ in range(3):
             entry, _ = await run_job(rig.executor, plan_job(MODEL, max_tokens=4))
             assert entry.outcome != "ok"
         assert rig.ejections() == 2  # two pods out after three failures each ...
-        assert await breaker.state(MODEL) is BreakerState.OPEN  # ... the tenth opened it
+        # ... then the last pod's failures are the breaker's: its fourth opened it
+        assert await breaker.state(MODEL) is BreakerState.OPEN
         assert [len(s.served) for s in sims] == [3, 3, 4]
         entry, _ = await run_job(rig.executor, plan_job(MODEL, max_tokens=4))
         assert outcomes(entry)[0] == (MODEL, "circuit_open")  # skipped (then tried: the last)
+
+
+async def test_one_bad_pod_of_three_leaves_a_quiet_deployments_breaker_closed(
+    redis_conn: aioredis.Redis,
+    key_prefix: str,
+    start_sim: Callable[..., Awaitable[CountingSim]],
+) -> None:
+    """A deployment with a call now and then: one answered, then a pod starts failing. Its three
+    failures in a row (against one success in the window) would be over the breaker's ratio at
+    its minimum of calls; they are the pod's to answer for, and it is ejected instead."""
+    sims = [await start_sim(4, time_scale=0.0, itl_s=0.0) for _ in range(3)]
+    bad = sims[0]  # first in the list: the one every tie picks
+    breaker = RedisBreaker(redis_conn, key_prefix, BreakerConfig(min_calls=4, closed_view_s=0))
+    async with _rig(redis_conn, key_prefix, sims, faulty=0, breaker=breaker) as rig:
+        entry, _ = await run_job(rig.executor, plan_job(MODEL, max_tokens=4))
+        assert outcomes(entry) == [(MODEL, "ok")]
+        async with rig.session.post(f"{bad.url}/admin/faults", json={"error_status": 500}) as r:
+            assert r.status == 200, await r.text()
+        for _ in range(6):
+            entry, _ = await run_job(rig.executor, plan_job(MODEL, max_tokens=4))
+            assert entry.outcome == "ok", outcomes(entry)
+            assert (MODEL, "circuit_open") not in outcomes(entry)
+        assert len(bad.served) == 4  # one answer, then three failures in a row: ejected
+        assert rig.ejections() == 1
+        assert await breaker.state(MODEL) is BreakerState.CLOSED
