@@ -51,7 +51,7 @@ from gateway.metrics import Metrics
 from gateway.observability.tracing import Tracing
 from gateway.parts import Services
 from gateway.queue.billing import Billing
-from gateway.queue.client.connection import configured_client
+from gateway.queue.client.connection import BLOCKING_READ_S, blocking_client, configured_client
 from gateway.queue.edge.deadline import DeadlineAdmission
 from gateway.queue.edge.dispatcher import AdmitsEveryStart, Dispatcher
 from gateway.queue.edge.replies import ReplyRouter
@@ -172,7 +172,7 @@ async def open_services(
             settings.redis, url, socket_timeout=bound, connect_timeout=bound / 2
         )
         stack.push_async_callback(redis.aclose)
-        blocking = configured_client(settings.redis, url, socket_timeout=5.0)
+        blocking = blocking_client(settings.redis, url)
         stack.push_async_callback(blocking.aclose)
         redis_keys = RedisKeys(settings.redis.key_prefix)
         coalescer = Coalescer(redis)  # closed before the client, after all its users
@@ -277,6 +277,7 @@ async def open_services(
                 dead_letters=DeadLetters(ledger.engine),
                 dead_letter_stream=redis_keys.ledger_dead_letters,
                 on_dead_letter=metrics.count_dead_letter,
+                block_ms=round(BLOCKING_READ_S * 1000),
             )
             ledger_sink.start()
             stack.push_async_callback(ledger_sink.aclose)

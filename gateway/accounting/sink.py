@@ -60,11 +60,13 @@ class LedgerSink:
         on_dead_letter: Callable[[str], None] = _uncounted,
         claim_idle_ms: int = 30_000,
         linger_s: float = 0.1,
+        block_ms: int = 1000,
     ) -> None:
         """``linger_s``: after the first event of a batch arrives, how long to wait for more
         before writing (one SQL transaction per batch, not per request; the events are safe in
         the stream meanwhile). ``on_dead_letter(kind)`` is told of each event set aside
-        (``malformed`` or ``refused``)."""
+        (``malformed`` or ``refused``). ``block_ms``: how long one read waits for events
+        (``gateway.queue.client.connection.BLOCKING_READ_S``; its client times out after)."""
         self._redis = redis
         self._blocking = blocking_redis
         self._stream = stream
@@ -77,6 +79,7 @@ class LedgerSink:
         self._state = "starting"
         self._claim_idle_ms = claim_idle_ms
         self._linger_s = linger_s
+        self._block_ms = block_ms
         self._pending_first = True
         """Read this consumer's own pending entries first (at start, and after an error)."""
         self._loop = Loop(  # reads block on the stream: no pause between them
@@ -134,7 +137,7 @@ class LedgerSink:
             await self._ensure_group()
         start = "0" if pending_first else ">"
         response = await self._blocking.xreadgroup(
-            self._group, self._consumer, {self._stream: start}, count=_BATCH, block=1000
+            self._group, self._consumer, {self._stream: start}, count=_BATCH, block=self._block_ms
         )
         entries = stream_entries(response)
         if pending_first and not entries:

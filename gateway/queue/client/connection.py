@@ -30,12 +30,24 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.queue.client.cluster import ScriptingCluster
 from gateway.settings import RedisSettings
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "RedisMode", "configured_client", "redis_client"]
+__all__ = [
+    "BLOCKING_READ_S",
+    "DEFAULT_MAX_CONNECTIONS",
+    "RedisMode",
+    "blocking_client",
+    "configured_client",
+    "redis_client",
+]
 
 RedisMode = Literal["standalone", "cluster", "sentinel"]
 
 DEFAULT_MAX_CONNECTIONS = 512
 """Connections one client may open; beyond it a command waits for a free one."""
+
+BLOCKING_READ_S = 1.0
+"""The longest a blocking read waits for data: the edge's reply reader and the ledger sink
+(``XREAD``/``XREADGROUP BLOCK``), a waiting worker (``BLPOP``), the cancel listener (a pub/sub
+poll). Their client (``blocking_client``) times a read out a command's bound after it."""
 
 
 class _TimedSend(AbstractConnection):
@@ -217,4 +229,15 @@ def configured_client(
         mode=settings.mode,
         sentinels=settings.sentinels,
         sentinel_master=settings.sentinel_master,
+    )
+
+
+def blocking_client(settings: RedisSettings, url: str | None = None) -> aioredis.Redis:
+    """The client of the blocking reads (``BLOCKING_READ_S``): a read's socket timeout is the
+    block plus ``redis.command_timeout_s``, so a read on a server that stopped answering
+    without closing its connections (a host gone, a partition) fails that soon and is made
+    again on a new connection, instead of holding replies or ledger rows for longer."""
+    bound = settings.command_timeout_s
+    return configured_client(
+        settings, url, socket_timeout=BLOCKING_READ_S + bound, connect_timeout=bound / 2
     )

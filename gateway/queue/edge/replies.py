@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from tenacity import wait_exponential
 
 from gateway.loops import Loop
+from gateway.queue.client.connection import BLOCKING_READ_S
 from gateway.queue.client.streams import stream_entries
 from gateway.queue.jobs import Reply
 
@@ -43,7 +44,7 @@ class ReplyRouter:
         redis: aioredis.Redis,
         stream_key: str,
         *,
-        block_ms: int = 1000,
+        block_ms: int = round(BLOCKING_READ_S * 1000),
         trim_every_s: float = 1.0,
     ) -> None:
         self._redis = redis

@@ -18,6 +18,8 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.queue.client.connection import BLOCKING_READ_S
+
 __all__ = ["EarlyCancels", "hear_cancels"]
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ async def hear_cancels(
             await pubsub.subscribe(channel)
             backoff = 0.1
             while running():
-                message = await pubsub.get_message(timeout=1.0)
+                message = await pubsub.get_message(timeout=BLOCKING_READ_S)
                 if message is not None and isinstance(message.get("data"), bytes):
                     cancel(message["data"].decode())
         except (RedisError, OSError) as exc:

@@ -39,6 +39,7 @@ from gateway.accounting.records import LedgerEntry
 from gateway.coalescer import CommandQueue
 from gateway.errors import UpstreamFailed
 from gateway.observability.tracing import Tracing
+from gateway.queue.client.connection import BLOCKING_READ_S
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue, Taken, lane_of
@@ -56,7 +57,7 @@ __all__ = ["Deliver", "EntryWriter", "Worker"]
 log = logging.getLogger(__name__)
 
 _HEARTBEAT_S = 2.0
-_BELL_S = 1.0
+_BELL_S = BLOCKING_READ_S
 _IDLE_MS = int(_BELL_S * 2000)
 """How long an idle registration lasts: a waiting worker renews it every bell period."""
 _NO_SLOT_S = (0.002, 0.05)
