@@ -7,8 +7,9 @@ deployments and sends ``Reply`` events back; the edge relays them to its client.
 ``edge/``       the edge's side: queue a job, wait for its replies, answer at the deadline or
                 when its worker is gone (``dispatcher``, ``replies``, ``deadline``)
 ``running/``    the worker's side: take jobs (``worker``), run them against the deployments
-                (``executor``, ``attempts``, ``caller``, ``stream_relay``), send the replies,
-                book the ledger entry before answering
+                (``executor``, ``attempts``, ``caller``, ``stream_relay``), send the replies
+                (``replying``), book the ledger entry before answering (``finish``), keep
+                each tier's typical job time (``service_times``)
 ``ownership/``  who answers and who books a request: the states and transitions as one table
                 (``table``), and their Redis steps (``claims``, ``notes``, ``cancels``,
                 ``reclaim``, ``edge_booking``)

@@ -10,7 +10,7 @@ tier's throughput or the lane's measured drain rate if slower). It refuses the j
   and
 - that wait exceeds, by more than ``margin`` (a share), the time the job has left to start: its
   time to the deadline less the tier's typical job time (a worker does not start a job with less
-  time left than that, ``Worker._cannot_finish``).
+  time left than that, ``ServiceTimes.too_late``).
 
 The refusal is a 429 ``deadline_unreachable`` with ``Retry-After`` (the expected wait, 1-60 s),
 booked like every refusal. The check only reads; the enqueue script stays the one atomic step.

@@ -20,24 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
-from sqlalchemy.exc import SQLAlchemyError
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from gateway.accounting.records import LedgerEntry
 from gateway.coalescer import CommandQueue
-from gateway.errors import UpstreamFailed
 from gateway.observability.tracing import Tracing
 from gateway.queue.client.connection import BLOCKING_READ_S
 from gateway.queue.jobs import Job, Reply
@@ -46,13 +40,15 @@ from gateway.queue.lanes import LaneQueue, Taken, lane_of
 from gateway.queue.ownership.cancels import EarlyCancels, hear_cancels
 from gateway.queue.ownership.claims import Reclaimed, WorkerClaims
 from gateway.queue.ownership.reclaim import Reclaimer
-from gateway.queue.ownership.table import RUNNING_GRACE_S, Verdict
+from gateway.queue.ownership.table import Verdict
 from gateway.queue.replicas.pool import BackendPool, Reservation
 from gateway.queue.running.direct import DirectStart
 from gateway.queue.running.executor import Executor
+from gateway.queue.running.finish import EntryWriter, Finisher
 from gateway.queue.running.replying import AnswerStore, Deliver, LocalEdge, ReplySender
+from gateway.queue.running.service_times import ServiceTimes
 
-__all__ = ["Deliver", "EntryWriter", "Worker"]
+__all__ = ["Deliver", "Worker"]
 
 log = logging.getLogger(__name__)
 
@@ -61,38 +57,6 @@ _BELL_S = BLOCKING_READ_S
 _IDLE_MS = int(_BELL_S * 2000)
 """How long an idle registration lasts: a waiting worker renews it every bell period."""
 _NO_SLOT_S = (0.002, 0.05)
-_SVC_ALPHA = 0.2
-_SVC_PUBLISH_S = 0.5
-"""At most this often a worker publishes a tier's service time (edges read it every 0.5 s)."""
-_FINISH_MARGIN_S = 2.0
-"""How long after its edge stopped waiting (deadline plus grace) a worker still tries to book
-a finished job through Redis before it books it in SQL."""
-
-
-class EntryWriter(Protocol):
-    """Books a job's ledger entry (``LedgerWriter``)."""
-
-    async def write(
-        self,
-        entry: LedgerEntry,
-        *,
-        then: Callable[[], None] | None = None,
-        sql_fallback: bool = True,
-    ) -> None: ...
-
-
-@dataclass(slots=True)
-class _Finishing:
-    """A job's end as ``Worker._finish`` goes through it: what it books and answers, and how
-    far it got."""
-
-    taken: Taken
-    job: Job
-    entry: LedgerEntry
-    answer: Reply | None
-    booked: bool = False
-    acked: bool = False
-    answered: bool = False
 
 
 class Worker:
@@ -134,7 +98,6 @@ class Worker:
         self._blocking = blocking_redis
         self._keys = keys
         self._executor = executor
-        self._ledger = ledger
         self._pool = pool
         self._tiers = {t: [d for d in deps if d in self._pool] for t, deps in (tiers or {}).items()}
         self._capacity = {tier: n for tier, n in capacity.items() if n > 0}
@@ -143,14 +106,12 @@ class Worker:
                 self._capacity[tier] = max(sum(self._pool.capacity(d) for d in deps), 1)
         self._headroom = batch_headroom
         self._lanes = LaneQueue(redis, keys, coalescer=coalescer)
-        self._coalescer = coalescer
         self._direct = DirectStart(redis, keys)
         self._weights: Mapping[str, float] = weights if weights is not None else {}
         self.worker_id = worker_id
         self._tasks: list[asyncio.Task[None]] = []
         self._jobs: set[asyncio.Task[None]] = set()
-        self._service_s: dict[str, float] = {}
-        self._service_published: dict[str, float] = {}
+        self._service_times = ServiceTimes(redis, keys)
         self._heartbeat_s = heartbeat_s
         self._reclaim_idle_s = reclaim_idle_s
         self._reclaimer = Reclaimer(redis, keys, min_idle_ms=int(reclaim_idle_s * 1000))
@@ -167,6 +128,14 @@ class Worker:
             redis, keys, self._reclaimer, worker_id=worker_id, ttl_s=claim_ttl_s
         )
         self._replies = ReplySender(redis, keys, answers=answers, local_edge=local_edge)
+        self._finisher = Finisher(
+            redis=redis,
+            ledger=ledger,
+            claims=self._claims,
+            replies=self._replies,
+            lanes=self._lanes,
+            coalescer=coalescer,
+        )
 
     def start(self) -> None:
         for tier, slots in self._capacity.items():
@@ -425,7 +394,7 @@ class Worker:
         the reply stream.
 
         The run's final reply is held back until its row is booked and its entry acknowledged
-        (``_finish``): a worker that dies before that has answered nothing, and the job runs
+        (``Finisher.finish``): a worker that dies before that has answered nothing, and the job runs
         again; one that dies after has booked what its client gets, and is never run again."""
         ack = True
         finished = False
@@ -458,9 +427,9 @@ class Worker:
             holding, reservation = reservation, None  # released by ``_run`` from here on
             entry = await self._run(job, run, holding)
             answer = held[0] if held else None
-            entry, answer = self._replies_lost(job, entry, answer)
-            finished = await self._finish(taken, job, entry, answer, send, deliver)
-            await self._note_service_time(taken.tier, time.time() - started)
+            entry, answer = self._finisher.replies_lost(job, entry, answer)
+            finished = await self._finisher.finish(taken, job, entry, answer, send, deliver)
+            await self._service_times.note(taken.tier, time.time() - started)
         except asyncio.CancelledError:
             # Shutting down past the grace period: hand the job back (no ack, claim released).
             ack = False
@@ -500,118 +469,6 @@ class Worker:
         finally:
             self._running.pop(job.request_id, None)
 
-    def _replies_lost(
-        self, job: Job, entry: LedgerEntry, answer: Reply | None
-    ) -> tuple[LedgerEntry, Reply | None]:
-        """A stream a chunk of which could not be sent (Redis failed under it) ends with an
-        error, never with a hole: after chunks its client had, an error event (booked
-        ``stream_error``, status 200); before any, a 502 (booked so). Either row books every
-        token the backend served."""
-        some_sent = self._replies.lost(job.request_id)
-        if some_sent is None or answer is None:
-            return entry, answer
-        failure = UpstreamFailed("part of the stream could not be delivered (the queue failed)")
-        if some_sent:
-            row = dataclasses.replace(entry, outcome="stream_error", status_code=200)
-        else:
-            row = dataclasses.replace(entry, outcome=failure.outcome, status_code=failure.status)
-        return row, Reply.failed(job.request_id, failure, answer.meta)
-
-    async def _finish(
-        self,
-        taken: Taken,
-        job: Job,
-        entry: LedgerEntry,
-        answer: Reply | None,
-        send: Callable[[Reply], Awaitable[None]],
-        deliver: Deliver | None,
-    ) -> bool:
-        """Book, acknowledge, answer — in that order, one pipeline when the answer goes through
-        the reply stream (the ledger event, the finish script of ``gateway.queue.ownership.table``,
-        the reply), else the answer handed over in memory right after it. Redis runs a
-        pipeline's commands in order, and a process killed after sending it has sent all of it:
-        a worker's death at any point leaves either nothing (the job runs again, its client
-        had no answer) or the row, the finished claim and the answer together.
-
-        Redis failing: tried again until the edge has stopped waiting (its deadline plus its
-        grace, and a margin), so the answer still follows its row when Redis comes back in
-        time; after that the row goes to SQL, where it replaces the bookkeeping of the edge's
-        provisional 504 (its client got that). Whether the entry is acknowledged."""
-        if answer is not None:
-            await self._replies.remember(job, answer)
-        stream = self._replies.through_stream(job, deliver) if answer is not None else None
-        done = _Finishing(taken, job, entry, answer)
-        give_up_at = job.deadline + RUNNING_GRACE_S + _FINISH_MARGIN_S
-        try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type((RedisError, OSError)),
-                stop=lambda _state: time.time() >= give_up_at,
-                wait=wait_exponential(multiplier=0.05, max=1.0),
-                reraise=True,
-            ):
-                with attempt:
-                    await self._finish_once(done, stream)
-        except (RedisError, OSError) as exc:
-            log.warning(
-                "job %s: queue unavailable at its end (%s); booked in SQL",
-                job.request_id, type(exc).__name__,
-            )  # fmt: skip
-            await self._finish_without_redis(done, send)
-            return done.acked
-        if answer is not None and stream is None:
-            await send(answer)  # in memory (or its edge stopped waiting here: the stream)
-        return done.acked
-
-    async def _finish_once(self, done: _Finishing, stream: str | None) -> None:
-        """One try of ``_finish``'s pipeline, for what is not done yet."""
-        after: list[asyncio.Future[Any]] = []
-        steps: list[Callable[[Pipeline], None]] = []
-        taken, job, answer = done.taken, done.job, done.answer
-        if not done.acked:
-            steps.append(lambda pipe: self._claims.finish(pipe, taken, job))
-        if stream is not None and answer is not None and not done.answered:
-            steps.append(lambda pipe: self._replies.queue(pipe, stream, answer))
-
-        def queue_behind() -> None:
-            # One coalescer entry per command: it matches each entry to one reply.
-            if not self._coalescer.closed:
-                after.extend(self._coalescer.send(step) for step in steps)
-
-        try:
-            if not done.booked:
-                await self._ledger.write(done.entry, then=queue_behind, sql_fallback=False)
-                done.booked = True
-            if after:
-                for future in after:
-                    await future
-            elif steps:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for step in steps:
-                        step(pipe)
-                    await pipe.execute()
-        finally:
-            for future in after:
-                if future.done() and not future.cancelled():
-                    future.exception()  # retrieved: a failed pipeline is tried again
-        done.acked = done.answered = True
-
-    async def _finish_without_redis(
-        self, done: _Finishing, send: Callable[[Reply], Awaitable[None]]
-    ) -> None:
-        if not done.booked:
-            try:
-                await self._ledger.write(done.entry)  # to SQL, Redis being down
-            except (RedisError, SQLAlchemyError, OSError):
-                log.exception("job %s could not be booked anywhere", done.job.request_id)
-        if done.answer is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await send(done.answer)  # its edge has answered 504 by now: dropped there
-        with contextlib.suppress(RedisError, OSError):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                self._claims.finish(pipe, done.taken, done.job)
-                await pipe.execute()
-            done.acked = True
-
     async def _accept(self, taken: Taken, reclaimed: Reclaimed | None) -> tuple[Job | None, bool]:
         """The job of ``taken`` if this worker is to run it; else ``None``, and whether to
         acknowledge its entry (dropped) or to leave it (the worker that runs it lives)."""
@@ -622,7 +479,7 @@ class Worker:
             return None, True
         if taken.claimed:
             return job, True  # handed over by an enqueue, claim taken for us
-        if reclaimed is None and self._cannot_finish(taken.tier, job):
+        if reclaimed is None and self._service_times.too_late(taken.tier, job):
             await self._lanes.not_started(taken)
             return None, True  # left to the edge, which answers 504 at the deadline
         verdict = await self._claims.own(taken.tier, job, reclaimed)
@@ -645,35 +502,4 @@ class Worker:
         still here means it could not, and the calls are booked here (``Executor.noted``; the ledger
         keeps a request's first entry). Whether the acknowledgement went out with the entry."""
         entry = await self._executor.noted(job)
-        return entry is not None and await self._book(taken, entry)
-
-    async def _book(self, taken: Taken, entry: LedgerEntry) -> bool:
-        """Write the job's ledger entry; whether its acknowledgement went out with it (queued
-        behind the event, in the same pipeline: never before it)."""
-        acked = False
-
-        def ack_behind_the_event() -> None:
-            nonlocal acked
-            acked = self._lanes.ack_later(taken)
-
-        await self._ledger.write(entry, then=ack_behind_the_event)
-        return acked
-
-    def _cannot_finish(self, tier: str, job: Job) -> bool:
-        """Whether the time left is under the tier's typical job time: starting it would hold a
-        slot only to time out, while work that can finish waits."""
-        typical = self._service_s.get(tier)
-        return typical is not None and job.deadline - time.time() < typical
-
-    async def _note_service_time(self, tier: str, seconds: float) -> None:
-        """A moving average of backend time per job, published (at most every 0.5 s) for
-        expected-wait estimates."""
-        old = self._service_s.get(tier)
-        value = seconds if old is None else old + _SVC_ALPHA * (seconds - old)
-        self._service_s[tier] = value
-        now = time.monotonic()
-        if now - self._service_published.get(tier, -math.inf) < _SVC_PUBLISH_S:
-            return
-        self._service_published[tier] = now
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.set(self._keys.service_time(tier), f"{value:.4f}", ex=3600)
+        return entry is not None and await self._finisher.book(taken, entry)

@@ -1,5 +1,5 @@
 """A worker process that kills itself (SIGKILL) at one point of a job's end, for the crash
-tests of ``Worker._finish``: ``python -m tests.gateway.queue.finish_proc REDIS_URL PREFIX
+tests of ``Finisher.finish``: ``python -m tests.gateway.queue.finish_proc REDIS_URL PREFIX
 SIM_URL NAME POINT LEDGER_DB``. ``POINT``: ``booking`` (the run has its answer; nothing is
 booked, acknowledged or sent) or ``booked`` (its booking pipeline went out and came back).
 Books through the real ledger writer and coalescer. Prints ``ready`` once it takes work."""
