@@ -109,7 +109,12 @@ class Worker:
         self._direct = DirectStart(redis, keys)
         self._weights: Mapping[str, float] = weights if weights is not None else {}
         self.worker_id = worker_id
-        self._tasks: list[asyncio.Task[None]] = []
+        self._taking: list[asyncio.Task[None]] = []
+        """Per tier, the take loop and the reclaim loop: stopped by ``stop_taking``."""
+        self._keeping: list[asyncio.Task[None]] = []
+        """The heartbeat, the entries' renewal and the cancel listener: they keep what this
+        worker runs its own, so they go on through the drain, until ``aclose`` has no job
+        left (a lapsed heartbeat would let another worker take a running job over)."""
         self._jobs: set[asyncio.Task[None]] = set()
         self._service_times = ServiceTimes(redis, keys)
         self._heartbeat_s = heartbeat_s
@@ -123,6 +128,7 @@ class Worker:
         yet, or one whose claim this worker won but has not registered (``cancels.py``)."""
         self._stopping = False
         self._closed = False
+        self._released = False
         self._tracing = tracing
         self._claims = WorkerClaims(
             redis, keys, self._reclaimer, worker_id=worker_id, ttl_s=claim_ttl_s
@@ -139,18 +145,18 @@ class Worker:
 
     def start(self) -> None:
         for tier, slots in self._capacity.items():
-            self._tasks.append(
+            self._taking.append(
                 asyncio.create_task(self._consume(tier, slots), name=f"tiergate-worker-{tier}")
             )
-            self._tasks.append(
+            self._taking.append(
                 asyncio.create_task(self._reclaim(tier), name=f"tiergate-reclaim-{tier}")
             )
-        self._tasks.append(asyncio.create_task(self._heartbeat(), name="tiergate-heartbeat"))
+        self._keeping.append(asyncio.create_task(self._heartbeat(), name="tiergate-heartbeat"))
         cancels = hear_cancels(
-            self._blocking, self._keys.cancels, self.cancel, lambda: not self._stopping
+            self._blocking, self._keys.cancels, self.cancel, lambda: not self._released
         )
-        self._tasks.append(asyncio.create_task(cancels, name="tiergate-cancels"))
-        self._tasks.append(asyncio.create_task(self._renew(), name="tiergate-renew-entries"))
+        self._keeping.append(asyncio.create_task(cancels, name="tiergate-cancels"))
+        self._keeping.append(asyncio.create_task(self._renew(), name="tiergate-renew-entries"))
 
     @property
     def running(self) -> int:
@@ -213,14 +219,7 @@ class Worker:
     async def stop_taking(self) -> None:
         """Stop taking new jobs; the ones running go on."""
         self._stopping = True
-        pending = set(self._tasks)
-        while pending:
-            # A cancellation can be lost inside the Redis client (it may surface as a
-            # connection error); the loops also check ``_stopping``, and we cancel again.
-            for task in pending:
-                task.cancel()
-            _done, pending = await asyncio.wait(pending, timeout=1.0)
-        self._tasks.clear()
+        await _cancelled(self._taking)
         for tier in self._capacity:
             try:
                 handed = await self._lanes.withdraw(tier, self.worker_id)
@@ -245,6 +244,8 @@ class Worker:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=2.0)
+        self._released = True
+        await _cancelled(self._keeping)
         with contextlib.suppress(RedisError, OSError):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in self._heartbeat_keys():  # in different slots: one DEL each
@@ -263,7 +264,7 @@ class Worker:
         keys = self._heartbeat_keys()
         tiers = ",".join(self._capacity)
         ttl_ms = int(self._heartbeat_s * 3000)
-        while not self._stopping:
+        while not self._released:
             with contextlib.suppress(RedisError, OSError):
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for key in keys:
@@ -273,7 +274,7 @@ class Worker:
 
     async def _renew(self) -> None:
         """Keep the entries of running jobs fresh, so nobody reclaims a job that is alive."""
-        while not self._stopping or self._active:
+        while not self._released:
             await asyncio.sleep(self._reclaim_idle_s / 3)
             by_stream: dict[str, list[bytes]] = {}
             for taken in list(self._active):
@@ -503,3 +504,15 @@ class Worker:
         keeps a request's first entry). Whether the acknowledgement went out with the entry."""
         entry = await self._executor.noted(job)
         return entry is not None and await self._finisher.book(taken, entry)
+
+
+async def _cancelled(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until each has ended (the list is emptied). A cancellation
+    can be lost inside the Redis client (it may surface as a connection error); the loops also
+    check the worker's flags, and they are cancelled again."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _done, pending = await asyncio.wait(pending, timeout=1.0)
+    tasks.clear()
