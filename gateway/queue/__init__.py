@@ -5,7 +5,8 @@ deployments and sends ``Reply`` events back; the edge relays them to its client.
 
 =============== ============================================================================
 ``edge/``       the edge's side: queue a job, wait for its replies, answer at the deadline or
-                when its worker is gone (``dispatcher``, ``replies``, ``deadline``)
+                when its worker is gone (``dispatcher``, ``claiming``, ``replies``,
+                ``deadline``)
 ``running/``    the worker's side: take jobs (``worker``), run them against the deployments
                 (``executor``, ``attempts``, ``caller``, ``stream_relay``), send the replies
                 (``replying``), book the ledger entry before answering (``finish``), keep

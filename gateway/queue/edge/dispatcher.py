@@ -32,6 +32,9 @@ still waiting: 503 ``shutting_down`` (an error event after a stream's chunks). A
 holds is claimed by the edge (booked final, or from its note); one a worker runs is booked
 *provisional* before its worker is told to stop, so the run's entry replaces the row's
 bookkeeping while the row keeps the 503 the client got.
+
+The edge's claim, and each answer it gives in a worker's place, are
+``gateway.queue.edge.claiming`` (``EdgeClaims``); this module queues and waits.
 """
 
 from __future__ import annotations
@@ -42,67 +45,30 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from gateway.errors import (
     ClientDisconnected,
-    DeadlineExceeded,
     GatewayError,
     RateLimited,
-    RunTimedOut,
     ServiceUnavailable,
-    StreamCut,
-    UpstreamFailed,
 )
 from gateway.limits.idempotency import Idempotency, request_fingerprint
+from gateway.queue.edge.claiming import BooksNoNotes, EdgeClaims, NotedBooker
 from gateway.queue.edge.replies import ReplyRouter
 from gateway.queue.jobs import Job, Reply, reply_kind
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import HANDED_OFF, Handoff, LaneQueue, QueueFull, lane_of
 from gateway.queue.ownership.claims import EDGE_CLAIM, claim_ttl
-from gateway.queue.ownership.notes import RunNote, parse_note
-from gateway.queue.ownership.table import RUNNING_GRACE_S, EdgeTakeOver, OwnershipScripts
+from gateway.queue.ownership.table import RUNNING_GRACE_S, OwnershipScripts
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EDGE_CLAIM", "Dispatcher", "LocalStart", "NotedBooker"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Claim:
-    """What the edge's claim at the deadline (or when its client left) found."""
-
-    edge: bool
-    """The edge holds the job now: nothing will ever run it. Else a worker holds it: it runs
-    it and books it."""
-    note: RunNote | None = None
-    """The calls a run noted before it handed the job back (the edge's claim only): the
-    request's row books them. ``None``: no run made a call."""
-
-
-class NotedBooker(Protocol):
-    """Books a handed-back job the edge took over from its note
-    (``gateway.queue.ownership.edge_booking``); the reply its client gets, or ``None`` when this
-    edge books no notes."""
-
-    async def book(
-        self, job: Job, note: RunNote, answer: GatewayError, *, provisional: bool = False
-    ) -> Reply | None: ...
-
-
-class BooksNoNotes:
-    """The ``NotedBooker`` of an edge that books no notes: the worker that finds a handed-back
-    job books it (``Worker``), and the edge's 504 is provisional."""
-
-    async def book(
-        self, job: Job, note: RunNote, answer: GatewayError, *, provisional: bool = False
-    ) -> None:
-        return None
+__all__ = ["EDGE_CLAIM", "Dispatcher", "LocalStart"]
 
 
 class StartAdmission(Protocol):
@@ -136,9 +102,6 @@ class LocalStart(Protocol):
 
 class _StopWaiting(Exception):
     """Put in a waiting request's reply queue when the edge stops waiting (``stop_waiting``)."""
-
-
-SHUTTING_DOWN = "the gateway is shutting down and could not finish the request in time"
 
 
 class Dispatcher:
@@ -180,6 +143,9 @@ class Dispatcher:
         self._local = local
         self._deadline: StartAdmission = deadline or AdmitsEveryStart()
         self._noted: NotedBooker = noted or BooksNoNotes()
+        self._claims = EdgeClaims(
+            redis, keys, claim_ttl_s=claim_ttl_s, noted=self._noted, local=local
+        )
         self._watch_s = watch_s
         self._scripts = OwnershipScripts(redis)
         self._abandoning: set[asyncio.Task[None]] = set()
@@ -264,7 +230,7 @@ class Dispatcher:
         job. Redis not answering that either: 503, booked provisional (a run that books the
         request later replaces the row's bookkeeping, the row keeps the 503)."""
         try:
-            claim = await self._claim_for_edge(job)
+            claim = await self._claims.take(job)
         except ServiceUnavailable:
             self._replies.unregister(job.request_id)
             raise unavailable.unsettled() from None
@@ -278,8 +244,9 @@ class Dispatcher:
     ) -> AsyncIterator[Reply]:
         """``started``: a worker runs the job (this process's, or an idle one it was handed to):
         nothing to claim at the deadline. A stream silent for ``watch_s`` has its worker
-        checked (``_watch``), unless this process's worker runs it."""
+        checked (``EdgeClaims.watch``), unless this process's worker runs it."""
         deadline = job.deadline + (RUNNING_GRACE_S if started else 0.0)
+        claims = self._claims
         claimed_by_worker = started
         watched = job.stream and self._watch_s is not None
         delivered = False
@@ -295,15 +262,17 @@ class Dispatcher:
                 item = await _next_or_none(queue, min(deadline, watch_at))
                 if item is None:
                     if watch_at < deadline:  # the watch's timer fired, not the deadline's
-                        found = await self._watch(job, delivered)
+                        found = await claims.watch(job, delivered=delivered, here=self._here(job))
                     elif time.time() < deadline:
                         # The loop's clock woke a little before the wall clock's deadline:
                         # a job is never answered before it.
                         continue
                     elif claimed_by_worker:
-                        found = await self._late_started(job, delivered=delivered)
+                        found = await claims.late_started(
+                            job, delivered=delivered, here=self._here(job)
+                        )
                     else:
-                        found = await self._unstarted_at_deadline(job)
+                        found = await claims.unstarted_at_deadline(job)
                         if found is None:  # a worker holds it: wait for it
                             claimed_by_worker = True
                             deadline = job.deadline + RUNNING_GRACE_S
@@ -311,7 +280,9 @@ class Dispatcher:
                         continue
                     item = found
                 if isinstance(item, _StopWaiting):
-                    item = await self._stopped_waiting(job, delivered=delivered)
+                    item = await claims.stopped_waiting(
+                        job, delivered=delivered, here=self._here(job)
+                    )
                 if isinstance(item, BaseException):
                     raise item
                 yield item
@@ -323,6 +294,10 @@ class Dispatcher:
             self._replies.unregister(job.request_id)
             self._started_here.discard(job.request_id)
 
+    def _here(self, job: Job) -> bool:
+        """Whether this process's worker started ``job`` at once (it has no claim key)."""
+        return job.request_id in self._started_here
+
     def _wait_for(self, request_id: str, queue: asyncio.Queue[Reply | BaseException]) -> None:
         self._waiting[request_id] = queue
         if self._stopped:  # came in after the drain's end: answered at once
@@ -330,92 +305,11 @@ class Dispatcher:
 
     def stop_waiting(self) -> int:
         """The edge's drain is over: every request still waiting is answered now (and any
-        that comes after at once), as ``_stopped_waiting`` says. How many were waiting."""
+        that comes after at once), as ``EdgeClaims.stopped_waiting`` says. How many were waiting."""
         self._stopped = True
         for queue in self._waiting.values():
             queue.put_nowait(_StopWaiting())
         return len(self._waiting)
-
-    async def _stopped_waiting(self, job: Job, *, delivered: bool) -> Reply:
-        """Answer ``job`` 503 ``shutting_down`` (after chunks: ``StreamCut``): a job no worker
-        holds is the edge's (booked final); one a worker holds (or this process's worker runs)
-        is booked provisional, then its worker is told to stop: its entry, booked after this
-        row, replaces the row's bookkeeping, and the row keeps what the client got."""
-        answer: GatewayError = (
-            StreamCut(SHUTTING_DOWN)
-            if delivered
-            else ServiceUnavailable(SHUTTING_DOWN, code="shutting_down")
-        )
-        here = job.request_id in self._started_here
-        if not here:
-            try:
-                claim = await self._claim_for_edge(job)
-            except ServiceUnavailable:
-                raise answer.unsettled() from None
-            if claim.edge:
-                if claim.note is None and not delivered:
-                    raise answer  # it never ran: the handler books the 503, final
-                booked = await self._noted.book(job, claim.note or RunNote(()), answer)
-                if booked is None:
-                    raise answer.unsettled()
-                return booked
-        booked = await self._noted.book(job, RunNote(()), answer, provisional=True)
-        if booked is None:
-            raise answer.unsettled()  # no booker here: left running, the row provisional
-        if here and self._local is not None:
-            self._local.cancel(job.request_id)
-        else:
-            with contextlib.suppress(RedisError, OSError):  # else it runs on, booked the same
-                await self._redis.publish(self._keys.cancels, job.request_id)
-        return booked
-
-    async def _unstarted_at_deadline(self, job: Job) -> Reply | None:
-        """A job not known to have started, at its deadline: the edge's claim. ``None``: a
-        worker holds it (it started); else the edge answers it (a 504, or, handed back with
-        calls noted, booked from the note)."""
-        claim = await self._claim_at_deadline(job)
-        if not claim.edge:
-            return None
-        if claim.note is None:
-            raise DeadlineExceeded("the request could not start before its deadline")
-        return await self._handed_back_late(job, claim.note)
-
-    async def _watch(self, job: Job, delivered: bool) -> Reply | None:
-        """A stream silent for ``watch_s``: if the worker that holds its claim is gone (its
-        heartbeat expired), the edge takes the claim (``gateway.queue.ownership.table``: no run will
-        start it again) and ends the request now rather than at its deadline — an error
-        event after the chunks already sent (booked ``stream_error``), else a 502 — booked
-        here with the calls its runs noted. ``None``: keep waiting (its worker lives, or it
-        has not started, or Redis did not answer; or this process's worker runs it)."""
-        if job.request_id in self._started_here:
-            return None
-        tier = job.plan.tier.value
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                await self._scripts.edge_take_over(
-                    self._keys.claim(tier, job.request_id),
-                    heartbeat_prefix=self._keys.tier_heartbeat(tier, ""),
-                    ttl_s=claim_ttl(job, self._claim_ttl_s),
-                    pipe=pipe,
-                )
-                pipe.get(self._keys.run_note(job.request_id))
-                verdict, raw = await pipe.execute()
-        except (RedisError, OSError):
-            return None
-        if EdgeTakeOver(verdict.decode() if isinstance(verdict, bytes) else verdict) != (
-            EdgeTakeOver.TAKEN
-        ):
-            return None
-        log.warning("the worker running %s is gone: answered by the edge", job.request_id)
-        lost = "the worker running the request stopped"
-        note = parse_note(raw, job.request_id)
-        answer: GatewayError = StreamCut(lost) if delivered else UpstreamFailed(lost)
-        if note is None and not delivered:
-            raise answer  # no call noted: booked as the edge's own answer
-        booked = await self._noted.book(job, note or RunNote(()), answer)
-        if booked is None:
-            raise answer
-        return booked
 
     def weight(self, tenant: str) -> float:
         """``tenant``'s fair share in its lane (default 1)."""
@@ -436,7 +330,7 @@ class Dispatcher:
             return False
         gone = ClientDisconnected("the client closed the connection before the answer")
         try:
-            claim = await self._claim_for_edge(job)
+            claim = await self._claims.take(job)
         except ServiceUnavailable:
             # Who owns it is unknown: a provisional 499, replaced by a run's bookkeeping.
             raise gone.unsettled() from None
@@ -485,82 +379,6 @@ class Dispatcher:
         """Whole seconds until the queue is expected to have room: its expected wait, 1-60."""
         wait = self._expected_wait(tier)
         return float(min(max(math.ceil(wait), 1), 60))
-
-    async def _claim_for_edge(self, job: Job) -> _Claim:
-        """Take the job's claim for the edge (``SET NX``), and, in the same round trip, read
-        the note a run left of its calls: a job handed back at shutdown has no claim but ran
-        (``gateway.queue.ownership.notes``). The note is in another slot than the claim, so it is
-        read beside the script-free ``SET``, not inside it; a run writes its note before it releases
-        the claim, and once the edge holds the claim no run can start, so the note read is the
-        last one."""
-        claim = self._keys.claim(job.plan.tier.value, job.request_id)
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.set(claim, EDGE_CLAIM, nx=True, ex=claim_ttl(job, self._claim_ttl_s))
-                pipe.get(self._keys.run_note(job.request_id))
-                won, raw = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
-        if not won:
-            return _Claim(edge=False)
-        return _Claim(edge=True, note=parse_note(raw, job.request_id))
-
-    async def _claim_at_deadline(self, job: Job) -> _Claim:
-        """``_claim_for_edge`` for a job whose deadline passed, tried again while Redis fails
-        (backing off) until the deadline plus the grace a started job gets: a job is never
-        answered while it may still start. Redis still failing then: ``RunTimedOut``, booked
-        provisional (a worker that takes it now answers and books 504 without a call)."""
-        give_up_at = job.deadline + RUNNING_GRACE_S
-        try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(ServiceUnavailable),
-                stop=lambda _state: time.time() >= give_up_at,
-                wait=wait_exponential(multiplier=0.05, max=1.0),
-                reraise=True,
-            ):
-                with attempt:
-                    return await self._claim_for_edge(job)
-        except ServiceUnavailable:
-            pass
-        raise RunTimedOut("the request's deadline passed while the queue could not be reached")
-
-    async def _late_started(self, job: Job, *, delivered: bool) -> Reply:
-        """A started job with no answer by its deadline plus the grace: ``RunTimedOut``
-        (provisional: its run books it), unless its worker handed it back with its calls
-        noted and no run took it over, so the edge's claim wins: then it is booked here from
-        the note, final, and its client gets that 504 with the cost. A job this process
-        started at once has no claim key and is never claimed.
-
-        A stream under way (``delivered``) is answered with an error event after its chunks
-        (``StreamCut``), and booked so here, provisional: its run's entry, which may come
-        first or later (its answer lost on the way: a killed cluster master held the reply
-        stream), joins the row keeping what the client got. Before, nothing was booked here
-        and the row was the run's 200/ok."""
-        timed_out = RunTimedOut("the backend did not finish before the deadline")
-        claim = None
-        if job.request_id not in self._started_here:
-            with contextlib.suppress(ServiceUnavailable):
-                claim = await self._claim_for_edge(job)
-            if claim is not None and claim.edge and claim.note is not None:
-                return await self._handed_back_late(job, claim.note)
-        if not delivered:
-            raise timed_out
-        cut = StreamCut(timed_out.message)
-        edge_holds = claim is not None and claim.edge  # no run will book it: final
-        booked = await self._noted.book(job, RunNote(()), cut, provisional=not edge_holds)
-        if booked is None:
-            raise cut.unsettled()  # no booker here (an edge that books no notes)
-        return booked
-
-    async def _handed_back_late(self, job: Job, note: RunNote) -> Reply:
-        """The edge's claim took a handed-back job past its deadline: booked from ``note``
-        here, answered as a worker's error is (its 504 carries the cost); with no booker, left
-        to the worker that finds the job (``RunTimedOut``: a provisional row)."""
-        late = "the request was handed back and not taken over before its deadline"
-        booked = await self._noted.book(job, note, DeadlineExceeded(late))
-        if booked is None:
-            raise RunTimedOut(late)
-        return booked
 
 
 async def _next_or_none(

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.queue.edge.dispatcher import Dispatcher
-from gateway.queue.edge.replies import ReplyRouter
+from gateway.queue.edge.claiming import BooksNoNotes, EdgeClaims
 from gateway.queue.jobs import Job
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import HANDED_OFF, Handoff, LaneQueue, Taken
@@ -51,9 +50,7 @@ class Rig:
             redis, keys, Reclaimer(redis, keys, min_idle_ms=0), worker_id=SELF, ttl_s=60
         )
         self.scripts = OwnershipScripts(redis)
-        self.dispatcher = Dispatcher(
-            redis, keys, ReplyRouter(redis, keys.replies("e")), max_depth=100, claim_ttl_s=60
-        )
+        self.edge = EdgeClaims(redis, keys, claim_ttl_s=60, noted=BooksNoNotes(), local=None)
 
     def claim(self, j: Job) -> str:
         return self.keys.claim("small", j.request_id)
@@ -84,7 +81,7 @@ class Rig:
         if step is Step.TAKE_OVER:
             return await self.claims.own("small", j, Reclaimed())
         if step is Step.EDGE_GIVES_UP:
-            claimed = await self.dispatcher._claim_for_edge(j)
+            claimed = await self.edge.take(j)
             return Verdict.ANSWERED_BY_EDGE if claimed.edge else Verdict.OWNED_BY_WORKER
         if step is Step.HAND_BACK:
             released = await self.claims.release("small", j)
@@ -162,12 +159,10 @@ async def test_race_worker_start_against_the_edge_at_the_deadline_has_one_owner(
     keys = RedisKeys(key_prefix)
     try:
         worker = WorkerClaims(a, keys, Reclaimer(a, keys, min_idle_ms=0), worker_id=SELF, ttl_s=60)
-        edge = Dispatcher(b, keys, ReplyRouter(b, keys.replies("e")), max_depth=9, claim_ttl_s=60)
+        edge = EdgeClaims(b, keys, claim_ttl_s=60, noted=BooksNoNotes(), local=None)
         for n in range(ROUNDS):
             j = job(f"race-{n}", "e")
-            verdict, claimed = await asyncio.gather(
-                worker.own("small", j, None), edge._claim_for_edge(j)
-            )
+            verdict, claimed = await asyncio.gather(worker.own("small", j, None), edge.take(j))
             assert (verdict is Verdict.RUN) != claimed.edge
     finally:
         for c in (a, b):
@@ -206,13 +201,11 @@ async def test_race_a_hand_back_against_the_edge_leaves_one_owner(
     keys = RedisKeys(key_prefix)
     try:
         worker = WorkerClaims(a, keys, Reclaimer(a, keys, min_idle_ms=0), worker_id=SELF, ttl_s=60)
-        edge = Dispatcher(b, keys, ReplyRouter(b, keys.replies("e")), max_depth=9, claim_ttl_s=60)
+        edge = EdgeClaims(b, keys, claim_ttl_s=60, noted=BooksNoNotes(), local=None)
         for n in range(ROUNDS):
             j = job(f"back-{n}", "e")
             await c.set(keys.claim("small", j.request_id), SELF, ex=60)
-            released, claimed = await asyncio.gather(
-                worker.release("small", j), edge._claim_for_edge(j)
-            )
+            released, claimed = await asyncio.gather(worker.release("small", j), edge.take(j))
             assert released
             holder = state_of(await c.get(keys.claim("small", j.request_id)))
             assert holder is (ClaimState.EDGE if claimed.edge else ClaimState.FREE)
