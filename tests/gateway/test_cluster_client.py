@@ -21,7 +21,7 @@ from redis.cluster import key_slot
 
 from gateway.queue.client.connection import redis_client
 from gateway.queue.client.streams import stream_entries
-from gateway.queue.ownership.cancels import hear_cancels
+from gateway.queue.ownership.cancels import CancelListener
 from tests.redis_cluster import LocalRedisCluster
 
 
@@ -123,18 +123,17 @@ async def test_cancels_are_heard_on_a_cluster_and_after_their_node_died(
     every node. When the node it listens on dies, it subscribes again on a live one."""
     listener = redis_client(cluster.url, mode="cluster", socket_timeout=5.0)
     heard: list[str] = []
-    running = True
-    task = asyncio.create_task(hear_cancels(listener, "tg:cancels", heard.append, lambda: running))
+    hearing = CancelListener(listener, "tg:cancels", heard.append)
+    hearing.start()
     try:
-        assert await _heard(cluster, "tg:cancels", listener, heard), task
+        assert await _heard(cluster, "tg:cancels", listener, heard)
         port = cluster.master_of("tg:cancels")
         cluster.kill(port)
         await asyncio.to_thread(cluster.wait_replaced, port, "tg:cancels")
         heard.clear()
-        assert await _heard(cluster, "tg:cancels", listener, heard), task
+        assert await _heard(cluster, "tg:cancels", listener, heard)
     finally:
-        running = False
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(hearing.aclose(), 10)
         await listener.aclose()
 
 

@@ -16,11 +16,14 @@ import logging
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
+from tenacity import wait_exponential
 
+from gateway.loops import Loop, Sleep
 from gateway.queue.client.connection import BLOCKING_READ_S
 
-__all__ = ["EarlyCancels", "hear_cancels"]
+__all__ = ["CancelListener", "EarlyCancels"]
 
 log = logging.getLogger(__name__)
 
@@ -48,28 +51,62 @@ class EarlyCancels:
         return False
 
 
-async def hear_cancels(
-    redis: aioredis.Redis,
-    channel: str,
-    cancel: Callable[[str], object],
-    running: Callable[[], bool],
-) -> None:
-    """Call ``cancel(request_id)`` for each cancel published on ``channel`` while
-    ``running()``; a lost subscription is made again (backing off up to 2 s)."""
-    backoff = 0.1
-    while running():
-        pubsub = redis.pubsub(ignore_subscribe_messages=True)
+class CancelListener:
+    """Calls ``cancel(request_id)`` for each cancel published on ``channel``, from ``start``
+    until ``aclose``. A lost subscription is made again (a ``Loop`` with a tenacity backoff:
+    0.1 s, doubling up to 2 s, starting over once a read succeeds)."""
+
+    __slots__ = ("_cancel", "_channel", "_loop", "_pubsub", "_redis")
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        channel: str,
+        cancel: Callable[[str], object],
+        *,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._redis = redis
+        self._channel = channel
+        self._cancel = cancel
+        self._pubsub: PubSub | None = None
+        self._loop = Loop(  # each step blocks on the subscription itself: no pause between
+            "tiergate-cancels",
+            self._hear,
+            every_s=0,
+            catch=(RedisError, OSError),
+            on_error=_unheard,
+            backoff=wait_exponential(multiplier=0.1, max=2.0),
+            sleep=sleep,
+        )
+
+    def start(self) -> None:
+        self._loop.start()
+
+    async def aclose(self) -> None:
+        await self._loop.aclose()
+        await self._unsubscribe()
+
+    async def _hear(self) -> None:
+        """One read of the subscription (made first if there is none); a failed one is
+        closed, and the next step subscribes again."""
         try:
-            await pubsub.subscribe(channel)
-            backoff = 0.1
-            while running():
-                message = await pubsub.get_message(timeout=BLOCKING_READ_S)
-                if message is not None and isinstance(message.get("data"), bytes):
-                    cancel(message["data"].decode())
-        except (RedisError, OSError) as exc:
-            log.warning("worker cannot hear cancels: %s", type(exc).__name__)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-        finally:
+            if self._pubsub is None:
+                self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                await self._pubsub.subscribe(self._channel)
+            message = await self._pubsub.get_message(timeout=BLOCKING_READ_S)
+        except (RedisError, OSError):
+            await self._unsubscribe()
+            raise
+        if message is not None and isinstance(message.get("data"), bytes):
+            self._cancel(message["data"].decode())
+
+    async def _unsubscribe(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
             with contextlib.suppress(RedisError, OSError):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+def _unheard(exc: BaseException) -> None:
+    log.warning("worker cannot hear cancels: %s", type(exc).__name__)

@@ -37,7 +37,7 @@ from gateway.queue.client.connection import BLOCKING_READ_S
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue, Taken, lane_of
-from gateway.queue.ownership.cancels import EarlyCancels, hear_cancels
+from gateway.queue.ownership.cancels import CancelListener, EarlyCancels
 from gateway.queue.ownership.claims import Reclaimed, WorkerClaims
 from gateway.queue.ownership.reclaim import Reclaimer
 from gateway.queue.ownership.table import Verdict
@@ -112,9 +112,10 @@ class Worker:
         self._taking: list[asyncio.Task[None]] = []
         """Per tier, the take loop and the reclaim loop: stopped by ``stop_taking``."""
         self._keeping: list[asyncio.Task[None]] = []
-        """The heartbeat, the entries' renewal and the cancel listener: they keep what this
-        worker runs its own, so they go on through the drain, until ``aclose`` has no job
-        left (a lapsed heartbeat would let another worker take a running job over)."""
+        """The heartbeat and the entries' renewal (and ``_cancels``, the cancel listener):
+        they keep what this worker runs its own, so they go on through the drain, until
+        ``aclose`` has no job left (a lapsed heartbeat would let another worker take a running
+        job over; an unheard cancel, run a job for a client that has gone)."""
         self._jobs: set[asyncio.Task[None]] = set()
         self._service_times = ServiceTimes(redis, keys)
         self._heartbeat_s = heartbeat_s
@@ -123,6 +124,7 @@ class Worker:
         self._active: set[Taken] = set()
         self._running: dict[str, asyncio.Task[None]] = {}
         """Request id -> the task running its executor (what a cancel stops)."""
+        self._cancels = CancelListener(blocking_redis, keys.cancels, self.cancel)
         self._early_cancels = EarlyCancels()
         """Cancels that named no job running here: one started at once whose task has not run
         yet, or one whose claim this worker won but has not registered (``cancels.py``)."""
@@ -152,10 +154,7 @@ class Worker:
                 asyncio.create_task(self._reclaim(tier), name=f"tiergate-reclaim-{tier}")
             )
         self._keeping.append(asyncio.create_task(self._heartbeat(), name="tiergate-heartbeat"))
-        cancels = hear_cancels(
-            self._blocking, self._keys.cancels, self.cancel, lambda: not self._released
-        )
-        self._keeping.append(asyncio.create_task(cancels, name="tiergate-cancels"))
+        self._cancels.start()
         self._keeping.append(asyncio.create_task(self._renew(), name="tiergate-renew-entries"))
 
     @property
@@ -246,6 +245,7 @@ class Worker:
                 await asyncio.wait(pending, timeout=2.0)
         self._released = True
         await _cancelled(self._keeping)
+        await self._cancels.aclose()
         with contextlib.suppress(RedisError, OSError):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in self._heartbeat_keys():  # in different slots: one DEL each
