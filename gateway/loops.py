@@ -22,9 +22,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+from tenacity import RetryCallState, retry_if_exception_type
 from tenacity.wait import wait_base
 
+from gateway.retrying import again
 from gateway.tasks import stop_task
 
 __all__ = ["Loop", "Sleep"]
@@ -110,19 +111,14 @@ class Loop:
 
     async def _recover(self, failed: BaseException) -> None:
         assert self._backoff is not None
-        pending: list[BaseException] = [failed]  # the step that failed: tenacity's attempt 1
-        retrying = AsyncRetrying(
-            sleep=self._sleep,
-            wait=self._backoff,
+        await again(
+            self._step,
+            failed,
             retry=retry_if_exception_type(self._catch),
+            wait=self._backoff,
             before_sleep=self._before_pause,
-            reraise=True,
+            sleep=self._sleep,
         )
-        async for attempt in retrying:
-            with attempt:
-                if pending:
-                    raise pending.pop()
-                await self._step()
 
     def _before_pause(self, state: RetryCallState) -> None:
         exc = None if state.outcome is None else state.outcome.exception()

@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+from tenacity import retry_if_exception_type, wait_exponential
 
 from gateway.accounting.records import LedgerEntry
 from gateway.coalescer import CommandQueue
@@ -34,6 +34,7 @@ from gateway.queue.lanes import LaneQueue, Taken
 from gateway.queue.ownership.claims import WorkerClaims
 from gateway.queue.ownership.table import RUNNING_GRACE_S
 from gateway.queue.running.replying import Deliver, ReplySender
+from gateway.retrying import again
 
 __all__ = ["EntryWriter", "Finisher"]
 
@@ -134,14 +135,16 @@ class Finisher:
         done = _Finishing(taken, job, entry, answer)
         give_up_at = job.deadline + RUNNING_GRACE_S + _FINISH_MARGIN_S
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type((RedisError, OSError)),
-                stop=lambda _state: time.time() >= give_up_at,
-                wait=wait_exponential(multiplier=0.05, max=1.0),
-                reraise=True,
-            ):
-                with attempt:
-                    await self._once(done, stream)
+            try:
+                await self._once(done, stream)  # as a rule: no tenacity machinery
+            except (RedisError, OSError) as failed:
+                await again(
+                    lambda: self._once(done, stream),
+                    failed,
+                    retry=retry_if_exception_type((RedisError, OSError)),
+                    stop=lambda _state: time.time() >= give_up_at,
+                    wait=wait_exponential(multiplier=0.05, max=1.0),
+                )
         except (RedisError, OSError) as exc:
             log.warning(
                 "job %s: queue unavailable at its end (%s); booked in SQL",

@@ -19,9 +19,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
-from redis.typing import EncodableT, FieldT
 from tenacity import (
-    AsyncRetrying,
     retry_if_exception_type,
     stop_after_attempt,
     wait_chain,
@@ -31,6 +29,7 @@ from tenacity import (
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.running.executor import Emit
+from gateway.retrying import again
 
 __all__ = [
     "AnswerStore",
@@ -178,13 +177,21 @@ class ReplySender:
         """One reply on the edge's stream, tried again after each of ``_REPLY_RETRY_S``; Redis
         still failing: the edge waits on (its reads are tried again), and a lost chunk is
         remembered (``lost``). A reply sent at the first try (every chunk of every stream,
-        as a rule) pays no tenacity machinery (about 30 us a call here)."""
+        as a rule) pays no tenacity machinery (``gateway.retrying``)."""
         fields = reply.fields()
         try:
             try:
                 await self._redis.xadd(stream, fields, maxlen=_REPLY_MAXLEN, approximate=True)
             except (RedisError, OSError) as failed:
-                await self._send_again(stream, fields, failed)
+                await again(
+                    lambda: self._redis.xadd(
+                        stream, fields, maxlen=_REPLY_MAXLEN, approximate=True
+                    ),
+                    failed,
+                    retry=retry_if_exception_type((RedisError, OSError)),
+                    stop=stop_after_attempt(len(_REPLY_RETRY_S) + 1),
+                    wait=wait_chain(*(wait_fixed(pause) for pause in _REPLY_RETRY_S)),
+                )
         except (RedisError, OSError) as exc:
             log.warning("cannot reply for %s: %s", job.request_id, type(exc).__name__)
             if reply.kind == "chunk":
@@ -192,21 +199,6 @@ class ReplySender:
             return
         if reply.kind == "chunk":
             self._sent.add(job.request_id)
-
-    async def _send_again(
-        self, stream: str, fields: dict[FieldT, EncodableT], failed: BaseException
-    ) -> None:
-        pending = [failed]  # the first try, which failed: tenacity's attempt 1
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type((RedisError, OSError)),
-            stop=stop_after_attempt(len(_REPLY_RETRY_S) + 1),
-            wait=wait_chain(*(wait_fixed(pause) for pause in _REPLY_RETRY_S)),
-            reraise=True,
-        ):
-            with attempt:
-                if pending:
-                    raise pending.pop()
-                await self._redis.xadd(stream, fields, maxlen=_REPLY_MAXLEN, approximate=True)
 
     async def _remember(self, job: Job, reply: Reply) -> None:
         """Keep a keyed job's final reply for its repeats (before the reply goes out)."""
