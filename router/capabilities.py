@@ -157,7 +157,7 @@ def no_reasoning_fields(body: Mapping[str, Any]) -> tuple[str, ...]:
     "none"``…). They need nothing, whatever the model is named, and are hints for every
     request: a deployment without ``reasoning`` is not sent them (it does not reason anyway,
     and may refuse the field)."""
-    return tuple(k for k in _REASONING_FIELDS if _present(body, k) and _asks_none(body, k))
+    return tuple(k for k in _REASONING_FIELDS if _asks_none(body, k))
 
 
 def hint_fields(body: Mapping[str, Any]) -> tuple[str, ...]:

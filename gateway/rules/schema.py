@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, Text
+from sqlalchemy import Column, Integer, MetaData, String, Table, Text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.accounting.schema import SCHEMA_LOCK_KEY
+from gateway.accounting.schema import SCHEMA_LOCK_KEY, UTCDateTime
 from gateway.sqlschema import create_missing_tables
 
 __all__ = ["create_rules_schema", "rule_versions"]
@@ -20,7 +20,7 @@ rule_versions = Table(
     Column("tenant", String(128), primary_key=True),
     Column("version", Integer, primary_key=True, autoincrement=False),
     Column("author", String(256), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
     Column("action", String(16), nullable=False),  # put | delete | rollback
     Column("source", Text, nullable=True),  # the rule file as written; NULL: deleted
     Column("diff", Text, nullable=False),  # unified diff from the previous version

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from gateway.codec import RecordCodec
+from gateway.codec import NATIVE, RecordCodec
 from gateway.rules.schema import create_rules_schema, rule_versions
 from gateway.sqlengine import create_sql_engine
 
@@ -56,12 +56,7 @@ class RuleVersion:
         }
 
 
-def _aware(created: datetime) -> datetime:
-    """SQLite gives back the naive UTC time it stored."""
-    return created.replace(tzinfo=UTC) if created.tzinfo is None else created
-
-
-_ROW = RecordCodec(RuleVersion, {datetime: (_aware, _aware)})
+_ROW = RecordCodec(RuleVersion, {datetime: NATIVE})
 """A version to and from its ``rule_versions`` row (the column names are the field names)."""
 
 
