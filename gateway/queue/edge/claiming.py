@@ -38,7 +38,14 @@ from gateway.queue.ownership.claims import EDGE_CLAIM, claim_ttl
 from gateway.queue.ownership.notes import RunNote, parse_note
 from gateway.queue.ownership.table import RUNNING_GRACE_S, EdgeTakeOver, OwnershipScripts
 
-__all__ = ["SHUTTING_DOWN", "BooksNoNotes", "EdgeClaims", "LocalCancel", "NotedBooker"]
+__all__ = [
+    "SHUTTING_DOWN",
+    "BooksNoNotes",
+    "EdgeClaim",
+    "EdgeClaims",
+    "LocalCancel",
+    "NotedBooker",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +53,7 @@ SHUTTING_DOWN = "the gateway is shutting down and could not finish the request i
 
 
 @dataclass(frozen=True, slots=True)
-class _Claim:
+class EdgeClaim:
     """What the edge's claim at the deadline (or when its client left) found."""
 
     edge: bool
@@ -104,7 +111,7 @@ class EdgeClaims:
         self._local = local
         self._scripts = OwnershipScripts(redis)
 
-    async def take(self, job: Job) -> _Claim:
+    async def take(self, job: Job) -> EdgeClaim:
         """Take the job's claim for the edge (``SET NX``), and, in the same round trip, read
         the note a run left of its calls: a job handed back at shutdown has no claim but ran
         (``gateway.queue.ownership.notes``). The note is in another slot than the claim, so it is
@@ -120,10 +127,10 @@ class EdgeClaims:
         except (RedisError, OSError) as exc:
             raise ServiceUnavailable(f"queue unavailable: {type(exc).__name__}") from exc
         if not won:
-            return _Claim(edge=False)
-        return _Claim(edge=True, note=parse_note(raw, job.request_id))
+            return EdgeClaim(edge=False)
+        return EdgeClaim(edge=True, note=parse_note(raw, job.request_id))
 
-    async def _take_at_deadline(self, job: Job) -> _Claim:
+    async def _take_at_deadline(self, job: Job) -> EdgeClaim:
         """``take`` for a job whose deadline passed, tried again while Redis fails
         (backing off) until the deadline plus the grace a started job gets: a job is never
         answered while it may still start. Redis still failing then: ``RunTimedOut``, booked

@@ -64,7 +64,7 @@ from gateway.queue.jobs import Job, Reply, reply_kind
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import HANDED_OFF, Handoff, LaneQueue, QueueFull, lane_of
 from gateway.queue.ownership.claims import EDGE_CLAIM, claim_ttl
-from gateway.queue.ownership.table import RUNNING_GRACE_S, OwnershipScripts
+from gateway.queue.ownership.table import RUNNING_GRACE_S
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,6 @@ class Dispatcher:
             redis, keys, claim_ttl_s=claim_ttl_s, noted=self._noted, local=local
         )
         self._watch_s = watch_s
-        self._scripts = OwnershipScripts(redis)
         self._abandoning: set[asyncio.Task[None]] = set()
         self._started_here: set[str] = set()
         """Jobs this process's worker started at once (no claim key: the worker owns them)."""

@@ -47,6 +47,7 @@ from gateway.queue.running.executor import Executor
 from gateway.queue.running.finish import EntryWriter, Finisher
 from gateway.queue.running.replying import AnswerStore, Deliver, LocalEdge, ReplySender
 from gateway.queue.running.service_times import ServiceTimes
+from gateway.tasks import stop_tasks
 
 __all__ = ["Deliver", "Worker"]
 
@@ -218,7 +219,8 @@ class Worker:
     async def stop_taking(self) -> None:
         """Stop taking new jobs; the ones running go on."""
         self._stopping = True
-        await _cancelled(self._taking)
+        await stop_tasks(self._taking)
+        self._taking.clear()
         for tier in self._capacity:
             try:
                 handed = await self._lanes.withdraw(tier, self.worker_id)
@@ -244,7 +246,8 @@ class Worker:
             if pending:
                 await asyncio.wait(pending, timeout=2.0)
         self._released = True
-        await _cancelled(self._keeping)
+        await stop_tasks(self._keeping)
+        self._keeping.clear()
         await self._cancels.aclose()
         with contextlib.suppress(RedisError, OSError):
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -504,15 +507,3 @@ class Worker:
         keeps a request's first entry). Whether the acknowledgement went out with the entry."""
         entry = await self._executor.noted(job)
         return entry is not None and await self._finisher.book(taken, entry)
-
-
-async def _cancelled(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait until each has ended (the list is emptied). A cancellation
-    can be lost inside the Redis client (it may surface as a connection error); the loops also
-    check the worker's flags, and they are cancelled again."""
-    pending = set(tasks)
-    while pending:
-        for task in pending:
-            task.cancel()
-        _done, pending = await asyncio.wait(pending, timeout=1.0)
-    tasks.clear()
