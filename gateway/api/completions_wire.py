@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import Field, StrictBool, StrictStr
 
 from gateway.api.admission import Admitted, admit, parse_body
-from gateway.api.schemas import StreamOptions
+from gateway.api.schemas import SamplingRequest
 from gateway.api.shapes import DONE, StreamShape, sse_data
 from gateway.errors import InvalidRequest
 from gateway.settings import LimitsSettings
@@ -28,23 +28,10 @@ from gateway.settings import LimitsSettings
 __all__ = ["COMPLETION", "CompletionRequest", "CompletionShape", "admit_completion"]
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(SamplingRequest):
     """What ``/v1/completions`` accepts (unknown fields pass through to the backends)."""
 
-    model_config = ConfigDict(extra="allow")
-
-    model: StrictStr
     prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
-    stream: StrictBool = False
-    stream_options: StreamOptions | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    n: Annotated[int, Field(ge=1)] | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    seed: int | None = None
-    user: StrictStr | None = None
-    metadata: dict[str, StrictStr] | None = None
     echo: StrictBool | None = None
     suffix: StrictStr | None = None
     best_of: Annotated[int, Field(ge=1)] | None = None

@@ -10,7 +10,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-__all__ = ["ChatCompletionRequest", "ChatMessage", "StreamOptions", "TextPart"]
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "SamplingRequest",
+    "StreamOptions",
+    "TextPart",
+]
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -33,15 +39,16 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool | None = None
 
 
-class ChatCompletionRequest(BaseModel):
+class SamplingRequest(BaseModel):
+    """What a chat and a (legacy) text completions request share: the model, streaming, and
+    the sampling parameters, each validated as OpenAI documents it."""
+
     model_config = ConfigDict(extra="allow")
 
     model: StrictStr
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     n: Annotated[int, Field(ge=1)] | None = None
@@ -49,6 +56,11 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     user: StrictStr | None = None
     metadata: dict[str, StrictStr] | None = None
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
