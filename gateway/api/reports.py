@@ -10,7 +10,6 @@ narrow to one with ``tenant=``.
 from __future__ import annotations
 
 import time
-from datetime import date
 from decimal import Decimal
 from typing import Annotated, Literal
 
@@ -24,6 +23,7 @@ from gateway.accounting.whatif import render_what_if, what_if
 from gateway.api.access import ADMIN, FINANCE, TENANT, access
 from gateway.api.deps import ServicesDep
 from gateway.api.error_docs import refusals
+from gateway.api.period import PeriodDep
 from gateway.auth.principals import Principal
 from gateway.errors import InvalidRequest, PermissionDenied, ServiceUnavailable
 from gateway.safe_text import SafeName
@@ -59,8 +59,7 @@ def parse_group_by(raw: str) -> tuple[str, ...]:
 async def costs(
     services: ServicesDep,
     principal: Annotated[Principal, access(TENANT, FINANCE, ADMIN)],
-    start: Annotated[date | None, Query(alias="from", description="first UTC day")] = None,
-    end: Annotated[date | None, Query(alias="to", description="last UTC day, inclusive")] = None,
+    period: PeriodDep,
     group_by: Annotated[str, Query(description="comma-separated group keys")] = "day",
     tenant: Annotated[SafeName | None, Query(description="finance/admin: one tenant")] = None,
     format: Annotated[Literal["json", "csv"], Query()] = "json",
@@ -68,8 +67,7 @@ async def costs(
 ) -> Response:
     scope = report_scope(principal, tenant)
     keys = parse_group_by(group_by)
-    if start is not None and end is not None and end < start:
-        raise InvalidRequest("'to' is before 'from'", param="to")
+    start, end = period.start, period.end
     report = await cost_report(
         services.ledger, tenant=scope, start=start, end=end, group_by=keys, app=app or None
     )
@@ -87,21 +85,18 @@ async def costs(
 async def what_if_report(
     services: ServicesDep,
     principal: Annotated[Principal, access(TENANT, FINANCE, ADMIN)],
-    start: Annotated[date | None, Query(alias="from", description="first UTC day")] = None,
-    end: Annotated[date | None, Query(alias="to", description="last UTC day, inclusive")] = None,
+    period: PeriodDep,
     tenant: Annotated[SafeName | None, Query(description="finance/admin: one tenant")] = None,
 ) -> JSONResponse:
     """The period's tokens priced as routed, all on the external API, all self-hosted."""
     scope = report_scope(principal, tenant)
-    if start is not None and end is not None and end < start:
-        raise InvalidRequest("'to' is before 'from'", param="to")
     result = await what_if(
         services.ledger,
         services.prices,
         services.settings.deployments,
         tenant=scope,
-        start=start,
-        end=end,
+        start=period.start,
+        end=period.end,
     )
     return JSONResponse(render_what_if(result))
 

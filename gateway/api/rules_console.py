@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import date
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -34,6 +33,7 @@ from gateway.api.admission import admit, read_body
 from gateway.api.deps import ServicesDep
 from gateway.api.error_docs import refusals
 from gateway.api.explain import explain_answer
+from gateway.api.period import PeriodDep
 from gateway.api.routing import own_score_signals
 from gateway.api.rules import (
     Reader,
@@ -86,13 +86,11 @@ async def figures(
     services: ServicesDep,
     principal: Reader,
     tenant: TenantName,
-    start: Annotated[date | None, Query(alias="from", description="first UTC day")] = None,
-    end: Annotated[date | None, Query(alias="to", description="last UTC day, inclusive")] = None,
+    period: PeriodDep,
 ) -> dict[str, Any]:
     """Each rule's requests, share sent large, cost and saving over the period."""
     readable_tenant(services, principal, tenant)
-    if start is not None and end is not None and end < start:
-        raise InvalidRequest("'to' is before 'from'", param="to")
+    start, end = period.start, period.end
     registry = rules_runtime(services).registry
     found, totals = await rule_figures(services.ledger, tenant=tenant, start=start, end=end)
     rows: list[dict[str, Any]] = []

@@ -203,3 +203,18 @@ async def test_gpu_rates_are_published_for_this_period_and_the_next(
         assert Decimal(current["input_per_mtok"]) == Decimal("1.2") / Decimal("1.44")
         assert ahead["period_start"] == current["period_end"]
         assert current["id"].startswith("llama-3.1-8b-instruct@")
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/reports/costs", "/v1/reports/what-if", "/v1/rules/acme/figures"]
+)
+async def test_every_period_ending_before_it_starts_is_refused_alike(
+    api: tuple[Services, httpx.AsyncClient], path: str
+) -> None:
+    _, client = api
+    r = await client.get(f"{path}?from=2025-03-02&to=2025-03-01", headers=auth("finance"))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", "to")
+    ok = await client.get(f"{path}?from=2025-03-01&to=2025-03-01", headers=auth("finance"))
+    assert ok.status_code == 200, ok.text  # one day: from == to
