@@ -198,30 +198,43 @@ def table_markdown() -> str:
     return "\n".join(lines)
 
 
-_TAKE_OVER = """
+_HELD = """
+-- Who holds a claim that may not be taken: the edge, a worker that finished the job, or a
+-- worker whose heartbeat is alive; nil for a dead worker's claim (taken by the caller).
+local function held(owner, edge, finished, heartbeats)
+  if owner == edge then return 'edge' end
+  if string.sub(owner, 1, string.len(finished)) == finished then return 'done' end
+  if redis.call('EXISTS', heartbeats .. owner) == 1 then return 'alive' end
+  return nil
+end
+"""
+
+_TAKE_OVER = (
+    _HELD
+    + """
 local owner = redis.call('GET', KEYS[1])
 if not owner and ARGV[5] ~= '' then owner = ARGV[5] end
-if not owner then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-  return 'mine'
-end
 if owner == ARGV[1] then return 'mine' end
-if owner == ARGV[3] then return 'edge' end
-if string.sub(owner, 1, string.len(ARGV[6])) == ARGV[6] then return 'done' end
-if redis.call('EXISTS', ARGV[4] .. owner) == 1 then return 'alive' end
+if owner then
+  local holder = held(owner, ARGV[3], ARGV[6], ARGV[4])
+  if holder then return holder end
+end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 'mine'
 """
+)
 
-_EDGE_TAKE_OVER = """
+_EDGE_TAKE_OVER = (
+    _HELD
+    + """
 local owner = redis.call('GET', KEYS[1])
 if not owner then return 'free' end
-if owner == ARGV[1] then return 'edge' end
-if string.sub(owner, 1, string.len(ARGV[3])) == ARGV[3] then return 'done' end
-if redis.call('EXISTS', ARGV[2] .. owner) == 1 then return 'alive' end
+local holder = held(owner, ARGV[1], ARGV[3], ARGV[2])
+if holder then return holder end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[4])
 return 'taken'
 """
+)
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
