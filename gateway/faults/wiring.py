@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
+from pydantic import BaseModel
 
 from gateway.faults.breaker import BreakerConfig, BreakerState, RedisBreaker
 from gateway.faults.chains import TierFaults
@@ -13,9 +15,13 @@ from gateway.faults.policy import RetryPolicy
 from router.catalog import Tier
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from gateway.settings import DeploymentSettings, FallbackSettings, Settings
 
-__all__ = ["backend_timeouts", "make_breaker", "tier_faults", "vllm_deployments"]
+__all__ = ["backend_timeouts", "configured", "make_breaker", "tier_faults", "vllm_deployments"]
+
+T = TypeVar("T", bound="DataclassInstance")
 
 _STATE_NAMES = {
     BreakerState.CLOSED: "closed",
@@ -24,20 +30,22 @@ _STATE_NAMES = {
 }
 
 
+def configured(cls: type[T], settings: BaseModel, **overrides: Any) -> T:
+    """A ``cls`` whose every field is read from ``settings``' field of the same name (or given
+    in ``overrides``): a field the settings lack fails here, at start-up, rather than keeping
+    the dataclass's default unseen. ``tests/gateway/faults/test_wiring.py`` checks that each
+    pair's defaults agree."""
+    values = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name not in overrides}
+    return cls(**values, **overrides)
+
+
 def tier_faults(settings: FallbackSettings) -> dict[Tier, TierFaults]:
     out: dict[Tier, TierFaults] = {}
     for tier in Tier:
         cfg = settings.for_tier(tier)
         r = cfg.retry
         out[tier] = TierFaults(
-            retry=RetryPolicy(
-                max_attempts=r.max_attempts,
-                backoff_initial_s=r.backoff_initial_s,
-                backoff_max_s=r.backoff_max_s,
-                jitter_s=r.jitter_s,
-                retry_after_cap_s=r.retry_after_cap_s,
-                retry_on=frozenset(r.retry_on),
-            ),
+            retry=configured(RetryPolicy, r, retry_on=frozenset(r.retry_on)),
             attempt_s=cfg.timeouts.attempt_s,
             first_token_s=cfg.timeouts.first_token_s,
             first_byte_s=cfg.timeouts.first_byte_s,
@@ -73,15 +81,7 @@ def make_breaker(
         if set_state is not None:
             set_state(deployment, _STATE_NAMES[state])
 
-    config = BreakerConfig(
-        window_s=b.window_s,
-        min_calls=b.min_calls,
-        failure_ratio=b.failure_ratio,
-        open_s=b.open_s,
-        probe_timeout_s=b.probe_timeout_s,
-        closed_view_s=b.closed_view_s,
-    )
-    return RedisBreaker(redis, prefix, config, on_state=on_state)
+    return RedisBreaker(redis, prefix, configured(BreakerConfig, b), on_state=on_state)
 
 
 def vllm_deployments(settings: Settings) -> list[DeploymentSettings]:
