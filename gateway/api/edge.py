@@ -273,7 +273,7 @@ async def serve(
             await _settle_repeat(services, job)
         clock.lap("wait")
         ctx = RelayContext(
-            services,
+            services=services,
             request_id=request_id,
             started=started,
             rule=plan.rule,

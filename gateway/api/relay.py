@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -25,40 +25,26 @@ from gateway.reply_meta import ReplyMeta
 __all__ = ["RelayContext", "json_response", "sse_response"]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RelayContext:
     """What the relay needs to know about the request it answers."""
 
-    def __init__(
-        self,
-        services: Services,
-        *,
-        request_id: str,
-        started: float,
-        rule: str,
-        wants_usage: bool,
-        tenant: str = "",
-        planned: str | None = None,
-        prompt: Any = None,
-        clock: StageClock | None = None,
-        shape: Shape = CHAT,
-        dropped: Callable[[str | None], tuple[str, ...]] | None = None,
-    ) -> None:
-        self.services = services
-        self.request_id = request_id
-        self.started = started
-        self.rule = rule
-        self.wants_usage = wants_usage
-        self.tenant = tenant
-        self.planned = planned
-        """The plan's first deployment (serving another one is a fallback)."""
-        self.prompt = prompt
-        """Logged with the access line only when ``logging.log_prompts`` is on."""
-        self.clock = clock
-        """Stage times for the ``Server-Timing`` header (a stream's: up to its first chunk)."""
-        self.shape = shape
-        """The wire the client speaks: chat's, or an endpoint's built on it (``shapes``)."""
-        self.dropped = dropped
-        """The body fields a deployment was not sent (``RoutePlan.dropped_for``)."""
+    services: Services
+    request_id: str
+    started: float
+    rule: str
+    wants_usage: bool
+    tenant: str = ""
+    planned: str | None = None
+    """The plan's first deployment (serving another one is a fallback)."""
+    prompt: Any = None
+    """Logged with the access line only when ``logging.log_prompts`` is on."""
+    clock: StageClock | None = None
+    """Stage times for the ``Server-Timing`` header (a stream's: up to its first chunk)."""
+    shape: Shape = CHAT
+    """The wire the client speaks: chat's, or an endpoint's built on it (``shapes``)."""
+    dropped: Callable[[str | None], tuple[str, ...]] | None = None
+    """The body fields a deployment was not sent (``RoutePlan.dropped_for``)."""
 
     def headers(self, meta: ReplyMeta) -> dict[str, str]:
         headers = {
