@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import tenacity
 from redis.exceptions import RedisError
 
 from backends.errors import BackendUnavailable
@@ -333,25 +334,35 @@ class BackendPool:
         return bound
 
     async def _wait_for_slot(self, deployment: str, deadline: float | None) -> Reservation:
+        """A slot on a replica of ``deployment``: tried at once, then polled for with pauses
+        growing from 2 to 50 ms, until ``deadline`` (Unix s) or the pool's ``max_wait_s``."""
         if deployment not in self._replicas:
             raise KeyError(deployment)
         give_up = time.time() + self._max_wait_s
         if deadline is not None:
             give_up = min(give_up, deadline)
-        pause = _POLL_S[0]
-        while True:
-            if not self._replicas.get(deployment):
-                raise BackendUnavailable(f"{deployment}: no replica is ready")
-            try:
-                got = await self.reserve([deployment])
-            except (RedisError, OSError) as exc:
-                raise BackendUnavailable(f"{deployment}: slot leases unavailable: {exc}") from exc
-            if got is not None:
-                return got
-            if time.time() + pause >= give_up:
-                raise BackendUnavailable(f"{deployment}: no free slot on any replica")
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, _POLL_S[1])
+        got = await self._reserve_one(deployment)
+        if got is not None:
+            return got
+        polling = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_result(lambda got: got is None),
+            wait=tenacity.wait_exponential(multiplier=_POLL_S[0], max=_POLL_S[1]),
+            stop=tenacity.stop_before_delay(give_up - time.time()),
+        )
+        try:
+            reservation: Reservation = await polling(self._reserve_one, deployment)
+        except tenacity.RetryError:
+            raise BackendUnavailable(f"{deployment}: no free slot on any replica") from None
+        return reservation
+
+    async def _reserve_one(self, deployment: str) -> Reservation | None:
+        """A free slot on a replica of ``deployment``, or ``None`` when every one is busy."""
+        if not self._replicas.get(deployment):
+            raise BackendUnavailable(f"{deployment}: no replica is ready")
+        try:
+            return await self.reserve([deployment])
+        except (RedisError, OSError) as exc:
+            raise BackendUnavailable(f"{deployment}: slot leases unavailable: {exc}") from exc
 
     # -- lifecycle --------------------------------------------------------------------------
 
