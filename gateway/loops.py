@@ -77,6 +77,11 @@ class Loop:
         self._task: asyncio.Task[None] | None = None
 
     @property
+    def name(self) -> str:
+        """The name of its task."""
+        return self._name
+
+    @property
     def started(self) -> bool:
         """Started and not closed since."""
         return self._task is not None

@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 
 from gateway.accounting.records import LedgerEntry
 from gateway.coalescer import CommandQueue
+from gateway.loops import Loop
 from gateway.observability.tracing import Tracing
 from gateway.queue.client.connection import BLOCKING_READ_S
 from gateway.queue.jobs import Job, Reply
@@ -58,6 +59,16 @@ _BELL_S = BLOCKING_READ_S
 _IDLE_MS = int(_BELL_S * 2000)
 """How long an idle registration lasts: a waiting worker renews it every bell period."""
 _NO_SLOT_S = (0.002, 0.05)
+
+
+def _not_reclaimed(tier: str, exc: BaseException) -> None:
+    log.warning("worker cannot reclaim in %s: %s", tier, type(exc).__name__)
+
+
+def _no_heartbeat(exc: BaseException) -> None:
+    # Sent again in heartbeat_s (the take loop warns of a Redis that fails); the keys live for
+    # three beats, so one failed beat lets no other worker take this one's jobs over.
+    log.debug("worker heartbeat not sent: %s", type(exc).__name__)
 
 
 class Worker:
@@ -131,7 +142,6 @@ class Worker:
         yet, or one whose claim this worker won but has not registered (``cancels.py``)."""
         self._stopping = False
         self._closed = False
-        self._released = False
         self._tracing = tracing
         self._claims = WorkerClaims(
             redis, keys, self._reclaimer, worker_id=worker_id, ttl_s=claim_ttl_s
@@ -151,12 +161,31 @@ class Worker:
             self._taking.append(
                 asyncio.create_task(self._consume(tier, slots), name=f"tiergate-worker-{tier}")
             )
-            self._taking.append(
-                asyncio.create_task(self._reclaim(tier), name=f"tiergate-reclaim-{tier}")
+            reclaim = Loop(
+                f"tiergate-reclaim-{tier}",
+                functools.partial(self._reclaim, tier),
+                every_s=self._reclaim_idle_s / 2,
+                catch=(RedisError, OSError),
+                on_error=functools.partial(_not_reclaimed, tier),
             )
-        self._keeping.append(asyncio.create_task(self._heartbeat(), name="tiergate-heartbeat"))
+            self._taking.append(asyncio.create_task(reclaim.run(), name=reclaim.name))
+        heartbeat = Loop(
+            "tiergate-heartbeat",
+            self._heartbeat,
+            every_s=self._heartbeat_s,
+            catch=(RedisError, OSError),
+            on_error=_no_heartbeat,
+        )
+        renewal = Loop(
+            "tiergate-renew-entries",
+            self._renew,
+            every_s=self._reclaim_idle_s / 3,
+            pause_first=True,
+        )
+        self._keeping.extend(
+            asyncio.create_task(loop.run(), name=loop.name) for loop in (heartbeat, renewal)
+        )
         self._cancels.start()
-        self._keeping.append(asyncio.create_task(self._renew(), name="tiergate-renew-entries"))
 
     @property
     def running(self) -> int:
@@ -245,7 +274,6 @@ class Worker:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=2.0)
-        self._released = True
         await stop_tasks(self._keeping)
         self._keeping.clear()
         await self._cancels.aclose()
@@ -264,28 +292,23 @@ class Worker:
         ]
 
     async def _heartbeat(self) -> None:
-        keys = self._heartbeat_keys()
+        """Say this worker is alive (every ``heartbeat_s``; the keys live three times that)."""
         tiers = ",".join(self._capacity)
-        ttl_ms = int(self._heartbeat_s * 3000)
-        while not self._released:
-            with contextlib.suppress(RedisError, OSError):
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for key in keys:
-                        pipe.set(key, tiers, px=ttl_ms)
-                    await pipe.execute()
-            await asyncio.sleep(self._heartbeat_s)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in self._heartbeat_keys():
+                pipe.set(key, tiers, px=int(self._heartbeat_s * 3000))
+            await pipe.execute()
 
     async def _renew(self) -> None:
-        """Keep the entries of running jobs fresh, so nobody reclaims a job that is alive."""
-        while not self._released:
-            await asyncio.sleep(self._reclaim_idle_s / 3)
-            by_stream: dict[str, list[bytes]] = {}
-            for taken in list(self._active):
-                stream = self._keys.jobs(taken.tier, taken.lane, taken.tenant)
-                by_stream.setdefault(stream, []).append(taken.entry_id)
-            for stream, ids in by_stream.items():
-                with contextlib.suppress(RedisError, OSError):
-                    await self._reclaimer.touch(stream, self.worker_id, ids)
+        """Keep the entries of running jobs fresh, so nobody reclaims a job that is alive
+        (every ``reclaim_idle_s / 3``)."""
+        by_stream: dict[str, list[bytes]] = {}
+        for taken in list(self._active):
+            stream = self._keys.jobs(taken.tier, taken.lane, taken.tenant)
+            by_stream.setdefault(stream, []).append(taken.entry_id)
+        for stream, ids in by_stream.items():
+            with contextlib.suppress(RedisError, OSError):  # one stream's failure, not all
+                await self._reclaimer.touch(stream, self.worker_id, ids)
 
     async def _reclaim(self, tier: str) -> None:
         """Take over jobs whose worker died: entries idle past ``reclaim_idle_s``; a first look
@@ -293,30 +316,22 @@ class Worker:
         ``reclaim_idle_s / 2``."""
         deployments = self._tiers.get(tier, [])
         tag = self._keys.tier_tag(tier) + ":jobs:"
-        first = True
-        while not self._stopping:
-            if not first:
-                await asyncio.sleep(self._reclaim_idle_s / 2)
-            first = False
-            try:
-                for stream in await self._reclaimer.streams(tier):
-                    while True:
-                        reservation = await self._pool.reserve(deployments) if deployments else None
-                        if deployments and reservation is None:
-                            break  # no free slot now; try again next round
-                        orphans = await self._reclaimer.orphans(stream, self.worker_id)
-                        if not orphans:
-                            if reservation is not None:
-                                await self._pool.release(reservation)
-                            break
-                        lane, _, tenant = stream.removeprefix(tag).partition(":")
-                        entry_id, fields = orphans[0]
-                        taken = Taken(tier, lane, tenant, entry_id, fields.get(b"j", b""))
-                        log.warning("reclaiming job %s of %s", entry_id, stream)
-                        started_by = fields.get(b"o", b"").decode()
-                        self._spawn(taken, reservation, None, reclaimed=Reclaimed(started_by))
-            except (RedisError, OSError) as exc:
-                log.warning("worker cannot reclaim in %s: %s", tier, type(exc).__name__)
+        for stream in await self._reclaimer.streams(tier):
+            while True:
+                reservation = await self._pool.reserve(deployments) if deployments else None
+                if deployments and reservation is None:
+                    break  # no free slot now; try again next round
+                orphans = await self._reclaimer.orphans(stream, self.worker_id)
+                if not orphans:
+                    if reservation is not None:
+                        await self._pool.release(reservation)
+                    break
+                lane, _, tenant = stream.removeprefix(tag).partition(":")
+                entry_id, fields = orphans[0]
+                taken = Taken(tier, lane, tenant, entry_id, fields.get(b"j", b""))
+                log.warning("reclaiming job %s of %s", entry_id, stream)
+                started_by = fields.get(b"o", b"").decode()
+                self._spawn(taken, reservation, None, reclaimed=Reclaimed(started_by))
 
     def _spawn(
         self,
