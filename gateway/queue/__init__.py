@@ -7,7 +7,8 @@ deployments and sends ``Reply`` events back; the edge relays them to its client.
 ``edge/``       the edge's side: queue a job, wait for its replies, answer at the deadline or
                 when its worker is gone (``dispatcher``, ``claiming``, ``replies``,
                 ``deadline``)
-``running/``    the worker's side: take jobs (``worker``), run them against the deployments
+``running/``    the worker's side: per tier, hold a slot, then take a job (``taking``); run
+                jobs, hand them back on a stop (``worker``); call the deployments
                 (``executor``, ``attempts``, ``caller``, ``stream_relay``), send the replies
                 (``replying``), book the ledger entry before answering (``finish``), keep
                 each tier's typical job time (``service_times``)

@@ -1,8 +1,9 @@
 """The worker: take jobs from the tier queues, run them, send replies, book the ledger entry.
 
-One ``Worker`` per process serves every tier. For each tier it first reserves a slot on a
-replica of the tier (``BackendPool.reserve``, global across processes), and only then takes a
-job (``LaneQueue.take``: lanes by priority, tenants by fair share); the job's first backend call
+One ``Worker`` per process serves every tier. For each tier its take loop
+(``gateway.queue.running.taking``) first reserves a slot on a replica of the tier
+(``BackendPool.reserve``, global across processes), and only then takes a job
+(``LaneQueue.take``: lanes by priority, tenants by fair share); the job's first backend call
 uses that slot. Work beyond capacity therefore waits in Redis, not on the GPU servers. A tier
 with no replica in the pool (no slot to reserve) is limited by a per-process count instead.
 
@@ -25,7 +26,6 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -34,7 +34,6 @@ from gateway.accounting.records import LedgerEntry
 from gateway.coalescer import CommandQueue
 from gateway.loops import Loop
 from gateway.observability.tracing import Tracing
-from gateway.queue.client.connection import BLOCKING_READ_S
 from gateway.queue.jobs import Job, Reply
 from gateway.queue.keys import RedisKeys
 from gateway.queue.lanes import LaneQueue, Taken, lane_of
@@ -48,6 +47,7 @@ from gateway.queue.running.executor import Executor
 from gateway.queue.running.finish import EntryWriter, Finisher
 from gateway.queue.running.replying import AnswerStore, Deliver, LocalEdge, ReplySender
 from gateway.queue.running.service_times import ServiceTimes
+from gateway.queue.running.taking import TakeLoop
 from gateway.tasks import stop_tasks
 
 __all__ = ["Deliver", "Worker"]
@@ -55,10 +55,6 @@ __all__ = ["Deliver", "Worker"]
 log = logging.getLogger(__name__)
 
 _HEARTBEAT_S = 2.0
-_BELL_S = BLOCKING_READ_S
-_IDLE_MS = int(_BELL_S * 2000)
-"""How long an idle registration lasts: a waiting worker renews it every bell period."""
-_NO_SLOT_S = (0.002, 0.05)
 
 
 def _not_reclaimed(tier: str, exc: BaseException) -> None:
@@ -158,9 +154,18 @@ class Worker:
 
     def start(self) -> None:
         for tier, slots in self._capacity.items():
-            self._taking.append(
-                asyncio.create_task(self._consume(tier, slots), name=f"tiergate-worker-{tier}")
+            taking = TakeLoop(
+                tier,
+                deployments=self._tiers.get(tier, []),
+                slots=slots,
+                worker_id=self.worker_id,
+                pool=self._pool,
+                lanes=self._lanes,
+                blocking=self._blocking,
+                batch_limit=self._batch_limit,
+                spawn=self._spawn,
             )
+            self._taking.append(asyncio.create_task(taking.run(), name=taking.name))
             reclaim = Loop(
                 f"tiergate-reclaim-{tier}",
                 functools.partial(self._reclaim, tier),
@@ -344,57 +349,6 @@ class Worker:
         task = asyncio.create_task(self._handle(taken, reservation, local, reclaimed=reclaimed))
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
-
-    async def _consume(self, tier: str, slots: int) -> None:
-        deployments = self._tiers.get(tier, [])
-        wake_keys = self._lanes.wake_keys(tier, self.worker_id)
-        local = asyncio.Semaphore(slots)
-        backoff = 0.05
-        reservation: Reservation | None = None
-        have_local = False
-        pause = _NO_SLOT_S[0]
-        try:
-            while not self._stopping:
-                try:
-                    if deployments and reservation is None:
-                        reservation = await self._pool.reserve(deployments, idle=True)
-                        if reservation is None:
-                            await asyncio.sleep(pause)
-                            pause = min(pause * 2, _NO_SLOT_S[1])
-                            continue
-                    elif not deployments and not have_local:
-                        await local.acquire()
-                        have_local = True
-                    pause = _NO_SLOT_S[0]
-                    slot_keys = self._pool.slot_keys(deployments)  # replicas come and go
-                    taken = await self._lanes.take(
-                        tier,
-                        self.worker_id,
-                        slot_keys=slot_keys,
-                        batch_limit=self._batch_limit(tier, slot_keys),
-                        idle_ms=_IDLE_MS,
-                    )
-                    if taken is None:
-                        woke: Any = await self._blocking.blpop(wake_keys, timeout=_BELL_S)
-                        if woke is None or woke[0] != wake_keys[0].encode():
-                            continue  # the bell (or nothing): take again
-                        taken = self._lanes.handed(tier, bytes(woke[1]))
-                except (RedisError, OSError) as exc:
-                    log.warning("worker cannot take from %s: %s", tier, type(exc).__name__)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 1.0)
-                    continue
-                backoff = 0.05
-                self._spawn(taken, reservation, local if have_local else None)
-                reservation, have_local = None, False
-                # Let the job reach its backend call before this loop's next reservation and
-                # take go to Redis: their sends would otherwise come first on the loop.
-                await asyncio.sleep(0)
-        finally:
-            if reservation is not None:
-                await self._pool.release(reservation)
-            if have_local:
-                local.release()
 
     async def _handle(
         self,
