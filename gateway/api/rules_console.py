@@ -189,17 +189,10 @@ async def explain_draft(
 
 
 def _prediction(p: Prediction) -> dict[str, Any]:
-    return {
-        "requests": p.requests,
-        "large": p.large,
-        "large_share": _share(p.large, p.requests),
-        "refused": p.refused,
-        "cost_usd": _usd(p.cost_micro_usd),
-        "baseline_usd": _usd(p.baseline_micro_usd),
-        "savings_usd": _usd(p.savings_micro_usd),
-        "unknown_price": p.unknown_price,
-        "by_rule": dict(sorted(p.by_rule.items())),
-    }
+    """A replay's figures as the ledger's are shown (``_sums``), with the rows refused and
+    each rule's count."""
+    by_rule = dict(sorted(p.by_rule.items()))
+    return {**_sums(p.sums, p.large), "refused": p.refused, "by_rule": by_rule}
 
 
 @router.post("/{tenant}/what-if")

@@ -24,15 +24,19 @@ row's own tokens (completion capped by a rule's ``max_tokens``) and list prices
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+from typing import NamedTuple
 
 from sqlalchemy import select
 
 from backends.types import Usage
 from gateway.accounting.ledger import SqlLedger
 from gateway.accounting.prices import PriceBook
+from gateway.accounting.reports import CostSums
 from gateway.accounting.schema import ledger_entries
 from router.catalog import Catalog, Signals, TenantPolicy, Tier
 from router.classifier import Classifier
@@ -142,33 +146,47 @@ class _StoredScore:
         return float(for_share(share))
 
 
-@dataclass(slots=True)
-class Prediction:
-    """Sums over replayed rows under one rule set (money in micro-dollars)."""
+class Routed(NamedTuple):
+    """Where one replayed row went under a rule set, and what it cost there."""
 
-    requests: int = 0
-    large: int = 0
-    refused: int = 0
+    tier: str | None
+    cost_micro_usd: int | None
+    """``None``: its price is unknown."""
+    baseline_micro_usd: int | None
+    rule: str
+    """What decided: ``rule:<id>``, ``auto:threshold``, … (``ledger`` for what was booked)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What one rule set does with the replayed rows, summed as a cost report sums ledger rows
+    (``CostSums``: requests, cost, baseline, saving, rows of unknown price)."""
+
+    sums: CostSums
+    large: int
+    """Rows sent to the large tier."""
+    refused: int
     """Rows the rules would refuse (a forbidden tier, nothing within a cost cap, …)."""
-    cost_micro_usd: int = 0
-    baseline_micro_usd: int = 0
-    savings_micro_usd: int = 0
-    unknown_price: int = 0
-    by_rule: dict[str, int] = field(default_factory=dict)
+    by_rule: Mapping[str, int]
     """Rows per deciding ``rule`` of the plan."""
 
-    def add(self, tier: str | None, cost: int | None, baseline: int | None, rule: str) -> None:
-        self.requests += 1
-        self.large += tier == Tier.LARGE.value
-        self.by_rule[rule] = self.by_rule.get(rule, 0) + 1
-        if cost is None:
-            self.unknown_price += 1
-        else:
-            self.cost_micro_usd += cost
-        if baseline is not None:
-            self.baseline_micro_usd += baseline
-            if cost is not None:
-                self.savings_micro_usd += baseline - cost
+    @classmethod
+    def of(cls, routed: Sequence[Routed], *, refused: int = 0) -> Prediction:
+        """The sums over ``routed``; a saving counts where both costs are known."""
+        priced = [r.cost_micro_usd for r in routed if r.cost_micro_usd is not None]
+        sums = CostSums(
+            requests=len(routed),
+            cost_micro_usd=sum(priced),
+            baseline_micro_usd=sum(r.baseline_micro_usd or 0 for r in routed),
+            savings_micro_usd=sum(
+                r.baseline_micro_usd - r.cost_micro_usd
+                for r in routed
+                if r.baseline_micro_usd is not None and r.cost_micro_usd is not None
+            ),
+            unknown_price=len(routed) - len(priced),
+        )
+        large = sum(r.tier == Tier.LARGE.value for r in routed)
+        return cls(sums, large, refused, MappingProxyType(Counter(r.rule for r in routed)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +328,9 @@ def replay(
             own_scores=score_signals.own_scores, min_own_scores=score_signals.min_own_scores
         )
     planner = _Planner(tenant, policy, catalog, classifier, prices, signals)
-    booked, under_active, under_draft = Prediction(), Prediction(), Prediction()
+    booked: list[Routed] = []
+    routed: dict[str, list[Routed]] = {"active": [], "draft": []}
+    refused = {"active": 0, "draft": 0}
     blocked: dict[tuple[str, str, tuple[str, ...]], int] = {}
     replayed = 0
     for call in calls:
@@ -327,13 +347,13 @@ def replay(
                 blocked[key] = blocked.get(key, 0) + 1
             continue
         replayed += 1
-        booked.add(call.tier, call.cost_micro_usd, call.baseline_micro_usd, "ledger")
-        for rules, prediction in ((active, under_active), (draft, under_draft)):
+        booked.append(Routed(call.tier, call.cost_micro_usd, call.baseline_micro_usd, "ledger"))
+        for which, rules in (("active", active), ("draft", draft)):
             tier, cost, rule = planner.plan(rules, call, features)
             if tier is None:
-                prediction.refused += 1
-                continue
-            prediction.add(tier, cost, call.baseline_micro_usd, rule)
+                refused[which] += 1
+            else:
+                routed[which].append(Routed(tier, cost, call.baseline_micro_usd, rule))
     approximate = tuple(
         (rule.id, name)
         for rules in (active, draft)
@@ -345,9 +365,9 @@ def replay(
         rows=len(calls),
         truncated=truncated,
         replayed=replayed,
-        booked=booked,
-        active=under_active,
-        draft=under_draft,
+        booked=Prediction.of(booked),
+        active=Prediction.of(routed["active"], refused=refused["active"]),
+        draft=Prediction.of(routed["draft"], refused=refused["draft"]),
         unreplayable=tuple(
             Unreplayable(which, rule, conditions, n)
             for (which, rule, conditions), n in sorted(blocked.items())
