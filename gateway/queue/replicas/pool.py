@@ -36,7 +36,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -50,12 +50,20 @@ from gateway.queue.replicas.affinity import home_first, home_of
 from gateway.queue.replicas.capacity import SlotLeases, epoch_key_of
 from gateway.queue.replicas.ejection import EjectionPolicy, Ejections
 
-__all__ = ["IDLE_MARK", "BackendPool", "Chooser", "Replica", "Reservation"]
+__all__ = [
+    "IDLE_MARK",
+    "SLOT_POLL_S",
+    "BackendPool",
+    "Chooser",
+    "Replica",
+    "Reservation",
+    "until_reserved",
+]
 
 log = logging.getLogger(__name__)
 
-_POLL_S = (0.002, 0.05)
-"""Backoff bounds while waiting for a free slot."""
+SLOT_POLL_S = (0.002, 0.05)
+"""The pauses between tries for a free slot: the first, and the longest."""
 
 IDLE_MARK = "~idle"
 """The end of the lease id of a slot held by a worker waiting for a job."""
@@ -72,6 +80,33 @@ class Replica:
     @property
     def load(self) -> float:
         return self.inflight / self.capacity
+
+
+async def until_reserved(
+    reserve: Callable[[], Awaitable[Reservation | None]],
+    *,
+    stop: tenacity.stop.stop_base = tenacity.stop_never,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Reservation:
+    """What ``reserve()`` reserves: tried at once, then again after pauses growing from 2 to
+    50 ms (``SLOT_POLL_S``) while it finds no free slot; ``tenacity.RetryError`` once
+    ``stop`` says so. Its errors are raised as they come. The first try builds no tenacity
+    object: as a rule a slot is free."""
+    got = await reserve()
+    if got is not None:
+        return got
+    polling = tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_result(lambda got: got is None),
+        wait=tenacity.wait_exponential(multiplier=SLOT_POLL_S[0], max=SLOT_POLL_S[1]),
+        stop=stop,
+        sleep=sleep,
+    )
+
+    async def attempt() -> Reservation | None:  # a coroutine function: tenacity awaits it
+        return await reserve()
+
+    reservation: Reservation = await polling(attempt)
+    return reservation
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,19 +376,13 @@ class BackendPool:
         give_up = time.time() + self._max_wait_s
         if deadline is not None:
             give_up = min(give_up, deadline)
-        got = await self._reserve_one(deployment)
-        if got is not None:
-            return got
-        polling = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_result(lambda got: got is None),
-            wait=tenacity.wait_exponential(multiplier=_POLL_S[0], max=_POLL_S[1]),
-            stop=tenacity.stop_before_delay(give_up - time.time()),
-        )
         try:
-            reservation: Reservation = await polling(self._reserve_one, deployment)
+            return await until_reserved(
+                lambda: self._reserve_one(deployment),
+                stop=tenacity.stop_before_delay(give_up - time.time()),
+            )
         except tenacity.RetryError:
             raise BackendUnavailable(f"{deployment}: no free slot on any replica") from None
-        return reservation
 
     async def _reserve_one(self, deployment: str) -> Reservation | None:
         """A free slot on a replica of ``deployment``, or ``None`` when every one is busy."""

@@ -7,9 +7,10 @@ tier with no replica in the pool, one of the process's own slots. Only then does
 registers it as idle and it blocks on its wake list and the tier's bell, where an edge hands a
 job over or rings. The job goes to ``spawn`` with the slot, and the next step holds another.
 
-The pauses are tenacity's: no free slot, 2 ms growing to 50 ms between tries; a Redis that
-fails, 50 ms growing to 1 s (the ``Loop``'s backoff; the slot held meanwhile is kept). A
-stopped loop gives back the slot it holds.
+The pauses are tenacity's: no free slot, 2 ms growing to 50 ms between tries
+(``until_reserved``, as in the pool's own wait for a slot); a Redis that fails, 50 ms growing
+to 1 s (the ``Loop``'s backoff; the slot held meanwhile is kept). A stopped loop gives back the
+slot it holds.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from redis.exceptions import RedisError
 from gateway.loops import Loop, Sleep
 from gateway.queue.client.connection import BLOCKING_READ_S
 from gateway.queue.lanes import LaneQueue, Taken
-from gateway.queue.replicas.pool import BackendPool, Reservation
+from gateway.queue.replicas.pool import BackendPool, Reservation, until_reserved
 
 __all__ = ["BatchLimit", "Spawn", "TakeLoop"]
 
@@ -36,8 +37,6 @@ BELL_S = BLOCKING_READ_S
 """How long an idle worker blocks on its wake list and the bell before it takes again."""
 IDLE_MS = int(BELL_S * 2000)
 """How long an idle registration lasts: a waiting worker renews it every bell period."""
-NO_SLOT_S = (0.002, 0.05)
-"""The pause between tries for a free slot: first, and at most."""
 FAILING_S = (0.05, 1.0)
 """The pause after a step that Redis failed: first, and at most."""
 
@@ -122,16 +121,9 @@ class TakeLoop:
     async def _free_slot(self) -> Reservation:
         """An idle reservation on one of the tier's replicas: tried at once, then again after
         pauses growing from 2 to 50 ms while every slot is busy."""
-        got = await self._pool.reserve(self._deployments, idle=True)
-        if got is not None:
-            return got
-        polling = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_result(lambda got: got is None),
-            wait=tenacity.wait_exponential(multiplier=NO_SLOT_S[0], max=NO_SLOT_S[1]),
-            sleep=self._sleep,
+        return await until_reserved(
+            lambda: self._pool.reserve(self._deployments, idle=True), sleep=self._sleep
         )
-        reservation: Reservation = await polling(self._pool.reserve, self._deployments, idle=True)
-        return reservation
 
     async def _take(self) -> Taken | None:
         slot_keys = self._pool.slot_keys(self._deployments)  # replicas come and go
