@@ -150,6 +150,7 @@ class Routed(NamedTuple):
     """Where one replayed row went under a rule set, and what it cost there."""
 
     tier: str | None
+    """``None``: the rule set refuses the row."""
     cost_micro_usd: int | None
     """``None``: its price is unknown."""
     baseline_micro_usd: int | None
@@ -171,8 +172,11 @@ class Prediction:
     """Rows per deciding ``rule`` of the plan."""
 
     @classmethod
-    def of(cls, routed: Sequence[Routed], *, refused: int = 0) -> Prediction:
-        """The sums over ``routed``; a saving counts where both costs are known."""
+    def of(cls, rows: Sequence[Routed]) -> Prediction:
+        """The sums over the ``rows`` served (refused ones only counted); a saving counts
+        where both costs are known."""
+        routed = [r for r in rows if r.tier is not None]
+        refused = len(rows) - len(routed)
         priced = [r.cost_micro_usd for r in routed if r.cost_micro_usd is not None]
         sums = CostSums(
             requests=len(routed),
@@ -329,8 +333,8 @@ def replay(
         )
     planner = _Planner(tenant, policy, catalog, classifier, prices, signals)
     booked: list[Routed] = []
-    routed: dict[str, list[Routed]] = {"active": [], "draft": []}
-    refused = {"active": 0, "draft": 0}
+    under_active: list[Routed] = []
+    under_draft: list[Routed] = []
     blocked: dict[tuple[str, str, tuple[str, ...]], int] = {}
     replayed = 0
     for call in calls:
@@ -348,12 +352,9 @@ def replay(
             continue
         replayed += 1
         booked.append(Routed(call.tier, call.cost_micro_usd, call.baseline_micro_usd, "ledger"))
-        for which, rules in (("active", active), ("draft", draft)):
+        for rules, under in ((active, under_active), (draft, under_draft)):
             tier, cost, rule = planner.plan(rules, call, features)
-            if tier is None:
-                refused[which] += 1
-            else:
-                routed[which].append(Routed(tier, cost, call.baseline_micro_usd, rule))
+            under.append(Routed(tier, cost, call.baseline_micro_usd, rule))
     approximate = tuple(
         (rule.id, name)
         for rules in (active, draft)
@@ -366,8 +367,8 @@ def replay(
         truncated=truncated,
         replayed=replayed,
         booked=Prediction.of(booked),
-        active=Prediction.of(routed["active"], refused=refused["active"]),
-        draft=Prediction.of(routed["draft"], refused=refused["draft"]),
+        active=Prediction.of(under_active),
+        draft=Prediction.of(under_draft),
         unreplayable=tuple(
             Unreplayable(which, rule, conditions, n)
             for (which, rule, conditions), n in sorted(blocked.items())

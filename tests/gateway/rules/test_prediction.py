@@ -25,7 +25,8 @@ ROWS = [
     ids=["none", "one large", "mixed"],
 )
 def test_prediction_sums(rows: list[Routed], refused: int, want: tuple[object, ...]) -> None:
-    p = Prediction.of(rows, refused=refused)
+    refusals = [Routed(None, None, 300, "refused")] * refused  # counted, not summed
+    p = Prediction.of([*rows, *refusals])
     s = p.sums
     got = (
         s.requests,
